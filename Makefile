@@ -1,0 +1,70 @@
+# mpitrain: `make run` trains on Fashion-MNIST with 2 ranks; `make test` runs the whole suite.
+# Everything is installed from nothing: a venv, the package with its test extras, and the MPI
+# runtime from PyPI (the `mpich` wheel). Use a system MPI with `make test MPIEXEC=/usr/bin/mpiexec`.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+MPIEXEC ?= $(BIN)/mpiexec
+NP ?= 2
+# Hard wall-clock limit (seconds) for every mpiexec job, so a broken collective can never hang CI.
+MPI_TIMEOUT ?= 600
+STAMP := $(VENV)/.installed
+
+# Tests: one BLAS/Numba thread per rank so 4 ranks on 2 cores do not oversubscribe.
+TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
+	MPITRAIN_TEST_TIMEOUT=$(MPI_TIMEOUT)
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+
+.PHONY: venv run test test-unit test-mpi test-cuda-sim test-gpu bench data lint loc clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+data: venv
+	$(PY) -m mpitrain.data fetch fashion-mnist
+
+run: venv data
+	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
+
+test: test-unit test-mpi test-cuda-sim
+
+test-unit: venv
+	$(TEST_ENV) $(PYTEST) tests/unit
+
+# The MPI suite runs as 1 process (singleton MPI) and under mpiexec -n 2, 3, 4 (oversubscribed).
+test-mpi: venv
+	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) tests/mpi
+	for n in 2 3 4; do \
+		echo "== mpiexec -n $$n"; \
+		$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/mpi || exit 1; \
+	done
+
+test-cuda-sim: venv
+	$(TEST_ENV) NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
+
+# Needs a GPU and CuPy (pip install -e '.[cuda]'); every test skips cleanly without one.
+test-gpu: venv
+	$(PYTEST) -m gpu tests/gpu
+	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
+
+bench: venv
+	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
+	$(PY) benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 --out out/bench
+
+lint: venv
+	$(PY) -m pyflakes mpitrain kernels benchmarks tests 2>/dev/null || $(PY) -m pip install -q pyflakes
+	$(PY) -m pyflakes mpitrain kernels benchmarks tests
+
+loc:
+	@wc -l mpitrain/*.py mpitrain/*/*.py kernels/*.py | sort -n | tail -n 25
+
+clean:
+	rm -rf $(VENV) build *.egg-info out
+	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,89 @@
+"""Kernel registry: one module per backend, the same names in each.
+
+Layers, losses and optimizers never import NumPy/CuPy/Numba kernels directly and never branch on the
+array type: they ask ``get(device, flavour)`` for a backend module and call its kernels. Backends:
+
+    ("cpu",  "numba")  -> mpitrain.kernels.cpu          NumPy arrays, numba.njit kernels, BLAS GEMM
+    ("cuda", "cupy")   -> mpitrain.kernels.cuda_cupy    CuPy arrays, CuPy kernels, cuBLAS GEMM
+    ("cuda", "numba")  -> mpitrain.kernels.cuda_numba   device arrays, numba.cuda kernels for all
+                                                       (runs under NUMBA_ENABLE_CUDASIM=1 too)
+
+The contract every backend module implements (arrays are the backend's own array type, C-contiguous,
+float32 or float64 unless stated; "in place" kernels return None; outputs are preallocated by the
+caller so steady-state training allocates nothing):
+
+Memory
+    name                                  str, e.g. "cpu", "cuda-numba", "cuda-cupy"
+    empty(shape, dtype) / zeros(shape, dtype)
+    to_device(host_ndarray) -> array      copy of a NumPy array on this backend
+    to_host(array) -> numpy.ndarray       copy back to the host (a view is fine on the CPU)
+    synchronize()                         wait for queued device work (no-op on the CPU)
+    fill(a, value)                        a[...] = value
+    copy(dst, src)                        dst[...] = src (same shape)
+    scale(a, factor)                      a *= factor
+    add(dst, src)                         dst += src   (flat, same length)
+    cast(dst, src)                        dst[...] = src with dst's dtype (fp16 compression)
+    total(a) -> float                     sum of all elements, as a Python float
+GEMM
+    gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False)
+                                          out (=|+=) op(a) @ op(b), all 2-D
+Dense layers
+    bias_act(y, bias, relu)               y (B, F) += bias (F,); then y = max(y, 0) if relu
+    relu(x, out)                          out = max(x, 0)
+    relu_backward(y, grad_out, grad_in)   grad_in = grad_out * (y > 0)   (y: the ReLU output)
+    bias_grad(grad_out, grad_bias)        grad_bias (F,) += grad_out (B, F).sum(axis=0)
+Loss
+    softmax_xent(logits, labels, grad, losses)
+                                          logits (B, K), labels (B,) int64; per-sample loss
+                                          -log softmax[label] into losses (B,), stable
+                                          (log-sum-exp); grad = (softmax - onehot) / B
+    count_correct(logits, labels) -> int  number of rows whose argmax equals the label
+Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order)
+    im2col(x, cols, kh, kw, stride, pad)  x (N, C, H, W) -> cols (N*OH*OW, C*KH*KW)
+    col2im(cols, dx, kh, kw, stride, pad) overwrites dx (N, C, H, W) with the scatter-add of cols
+    nhwc_to_nchw(src, dst)                src (N*OH*OW, C) -> dst (N, C, OH, OW)
+    nchw_to_nhwc(src, dst)                src (N, C, OH, OW) -> dst (N*OH*OW, C)
+Pooling and dropout
+    maxpool_forward(x, y, argmax, k, stride)
+                                          x (N, C, H, W) -> y (N, C, OH, OW); argmax int32 (same
+                                          shape as y) holds the flat index h*W + w of the max
+    maxpool_backward(grad_y, argmax, grad_x)
+                                          overwrites grad_x with grad_y routed to the argmax
+    dropout_forward(x, y, mask, p, seed)  mask[i] = 1/(1-p) or 0 from a counter-based hash of
+                                          (seed, i) -- identical on every backend; y = x * mask
+    dropout_backward(grad_y, mask, grad_x)
+                                          grad_x = grad_y * mask
+Optimizer updates (in place on param and state)
+    sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay)
+                                          PyTorch semantics: g = grad + wd*param;
+                                          buf = momentum*buf + g (buf = g on step 1 is the
+                                          caller's job: it passes momentum=0 then copies);
+                                          g = g + momentum*buf if nesterov else buf;
+                                          param -= lr*g
+    adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step)
+                                          PyTorch Adam (L2 weight decay added to grad),
+                                          bias correction with the 1-based step
+Collective reductions (host ring and device buffers)
+    reduce_into(dst, src, op)             dst = op(dst, src) elementwise, flat, op one of
+                                          "sum", "min", "max", "prod"; any dtype of the API
+"""
+import importlib
+
+_BACKENDS = {
+    ("cpu", "numba"): "mpitrain.kernels.cpu",
+    ("cuda", "cupy"): "mpitrain.kernels.cuda_cupy",
+    ("cuda", "numba"): "mpitrain.kernels.cuda_numba",
+}
+_DEFAULT_FLAVOUR = {"cpu": "numba", "cuda": "cupy"}
+
+
+def get(device="cpu", flavour=None):
+    """Return the kernel module for ``device`` ("cpu" | "cuda") and ``flavour`` ("numba" | "cupy")."""
+    if device not in _DEFAULT_FLAVOUR:
+        raise ValueError(f"unknown device {device!r}; expected one of {sorted(_DEFAULT_FLAVOUR)}")
+    flavour = flavour or _DEFAULT_FLAVOUR[device]
+    key = (device, flavour)
+    if key not in _BACKENDS:
+        known = ", ".join(f"{d}/{f}" for d, f in _BACKENDS)
+        raise ValueError(f"no kernels for device={device!r} kernels={flavour!r}; known: {known}")
+    return importlib.import_module(_BACKENDS[key])

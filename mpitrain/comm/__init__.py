@@ -1,0 +1,2 @@
+"""Collectives over MPI (see ring.py for the algorithm). Public names are listed in __all__."""
+__all__ = []

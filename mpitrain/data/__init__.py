@@ -1,0 +1,1 @@
+"""Datasets: IDX (MNIST, Fashion-MNIST), CIFAR-10 binary, synthetic; locating and fetching."""

@@ -1,0 +1,1 @@
+"""Layers, losses, Sequential and the model zoo: model math on arrays, no MPI inside."""

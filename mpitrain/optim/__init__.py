@@ -1,0 +1,1 @@
+"""Optimizers: SGD and Adam. Only optimizers write Parameter.data."""

@@ -1,0 +1,24 @@
+"""mpitrain: data-parallel training over MPI with a pure-Python ring-allreduce.
+
+The top-level ``kernels/`` folder is installed as ``mpitrain.kernels`` (``package_dir``), so no generic
+top-level ``kernels`` package lands in site-packages.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="mpitrain",
+    version="0.1.0",
+    description="Data-parallel trainer over MPI: ring-allreduce, Numba/CuPy kernels, no compiler",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mpitrain", "mpitrain.*"]) + ["mpitrain.kernels"],
+    package_dir={"mpitrain.kernels": "kernels"},
+    install_requires=["numpy>=1.24", "numba>=0.58", "mpi4py>=4.0", "tqdm"],
+    extras_require={
+        # The MPI runtime from PyPI; leave it out to use a system MPI (MPIEXEC=...).
+        "mpich": ["mpich"],
+        "plot": ["matplotlib"],
+        "cuda": ["cupy-cuda12x"],
+        "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis"],
+    },
+    entry_points={"console_scripts": ["mpitrain=mpitrain.cli:main"]},
+)
