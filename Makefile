@@ -17,7 +17,7 @@ TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM
 	MPITRAIN_TEST_TIMEOUT=$(MPI_TIMEOUT)
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: venv run test test-unit test-mpi test-cuda-sim test-gpu bench data lint loc clean
+.PHONY: venv run test test-unit test-mpi test-cuda-sim test-e2e test-gpu bench data lint loc clean
 
 venv: $(STAMP)
 
@@ -33,7 +33,7 @@ data: venv
 run: venv data
 	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
 
-test: test-unit test-mpi test-cuda-sim
+test: test-unit test-mpi test-cuda-sim test-e2e
 
 test-unit: venv
 	$(TEST_ENV) $(PYTEST) tests/unit
@@ -45,6 +45,10 @@ test-mpi: venv
 		echo "== mpiexec -n $$n"; \
 		$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/mpi || exit 1; \
 	done
+
+# End-to-end: tests that launch `mpiexec ... python -m mpitrain` themselves (each under a timeout).
+test-e2e: venv
+	$(TEST_ENV) MPIEXEC=$(MPIEXEC) $(PYTEST) tests/e2e
 
 test-cuda-sim: venv
 	$(TEST_ENV) NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
