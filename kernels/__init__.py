@@ -50,14 +50,20 @@ Pooling and dropout
     maxpool_backward(grad_y, argmax, grad_x)
                                           overwrites grad_x with grad_y routed to the argmax
     dropout_forward(x, y, mask, p, seed)  mask[i] = 1/(1-p) or 0 from a counter-based hash of
-                                          (seed, i) -- identical on every backend; y = x * mask
+                                          (seed, i) -- identical on every backend; y = x * mask.
+                                          Exactly: mix = lowbias32 on uint32 (x ^= x>>16;
+                                          x *= 0x7FEB352D; x ^= x>>15; x *= 0x846CA68B;
+                                          x ^= x>>16, all mod 2**32); h = mix(mix(i) ^
+                                          mix(seed mod 2**32)), i the flat index; keep iff
+                                          (h >> 8) >= int(p * 2**24); 0 <= p < 1
     dropout_backward(grad_y, mask, grad_x)
                                           grad_x = grad_y * mask
 Optimizer updates (in place on param and state)
     sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay)
                                           PyTorch semantics: g = grad + wd*param;
-                                          buf = momentum*buf + g (buf = g on step 1 is the
-                                          caller's job: it passes momentum=0 then copies);
+                                          buf = momentum*buf + g (buf starts at zeros, which
+                                          gives PyTorch's buf = g on step 1; buf is unused
+                                          when momentum == 0);
                                           g = g + momentum*buf if nesterov else buf;
                                           param -= lr*g
     adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step)

@@ -5,6 +5,461 @@ from numba import njit, prange  # noqa: F401
 name = "cpu"
 
 # --- Memory, GEMM, layer, loss, conv, pooling, dropout and optimizer kernels (engine) ---
+#
+# Every kernel takes preallocated, C-contiguous outputs, so a training step allocates nothing once
+# the layers' workspaces exist. Elementwise kernels work on flat views (``a.reshape(-1)`` is a view
+# of a contiguous array), so one compiled specialisation serves every rank of array. The outer loops
+# over the batch are ``prange``: with NUMBA_NUM_THREADS=1 (one thread per MPI rank) they run serially
+# at no cost, with more threads they split over samples, which never write the same element.
+
+
+def empty(shape, dtype=np.float32):
+    return np.empty(shape, dtype=dtype)
+
+
+def zeros(shape, dtype=np.float32):
+    return np.zeros(shape, dtype=dtype)
+
+
+def to_device(host):
+    """A C-contiguous copy: the CPU "device" must not alias the caller's array."""
+    return np.array(host, copy=True, order="C")
+
+
+def to_host(a):
+    return a
+
+
+def synchronize():
+    pass
+
+
+@njit(cache=True)
+def _fill(a, value):
+    for i in range(a.size):
+        a[i] = value
+
+
+@njit(cache=True)
+def _copy(dst, src):
+    for i in range(dst.size):
+        dst[i] = src[i]
+
+
+@njit(cache=True)
+def _scale(a, factor):
+    for i in range(a.size):
+        a[i] = a[i] * factor
+
+
+@njit(cache=True)
+def _add(dst, src):
+    for i in range(dst.size):
+        dst[i] = dst[i] + src[i]
+
+
+@njit(cache=True)
+def _total(a):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i]
+    return s
+
+
+def _flat(a, name="array"):
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, got strides {a.strides}")
+    return a.reshape(-1)
+
+
+def _same_size(dst, src):
+    if dst.size != src.size:
+        raise ValueError(f"size mismatch: dst has {dst.size} elements, src has {src.size}")
+
+
+def fill(a, value):
+    _fill(_flat(a), value)
+
+
+def copy(dst, src):
+    _same_size(dst, src)
+    _copy(_flat(dst, "dst"), _flat(src, "src"))
+
+
+def scale(a, factor):
+    _scale(_flat(a), factor)
+
+
+def add(dst, src):
+    _same_size(dst, src)
+    _add(_flat(dst, "dst"), _flat(src, "src"))
+
+
+def cast(dst, src):
+    # NumPy's own cast: Numba has no arithmetic on float16, the fp16 compression's dtype.
+    _same_size(dst, src)
+    np.copyto(_flat(dst, "dst"), _flat(src, "src"), casting="unsafe")
+
+
+def total(a):
+    return float(_total(_flat(a)))
+
+
+# GEMM: BLAS through NumPy. A transposed operand is a transposed view (F-contiguous), which BLAS
+# reads directly with its trans flag, so nothing is copied. NumPy has no beta=1 GEMM, so
+# accumulating goes through a scratch buffer kept per (shape, dtype); layers avoid it by
+# overwriting a freshly zeroed gradient instead (Parameter.grad_target).
+_scratch = {}
+
+
+def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    if op_a.ndim != 2 or op_b.ndim != 2 or out.ndim != 2:
+        raise ValueError(f"gemm needs 2-D arrays, got {op_a.shape}, {op_b.shape} -> {out.shape}")
+    if (op_a.shape[1] != op_b.shape[0] or out.shape != (op_a.shape[0], op_b.shape[1])):
+        raise ValueError(f"gemm shapes do not agree: {op_a.shape} @ {op_b.shape} -> {out.shape}")
+    if not accumulate:
+        np.matmul(op_a, op_b, out=out)
+        return
+    key = (out.shape, out.dtype.str)
+    tmp = _scratch.get(key)
+    if tmp is None:
+        tmp = _scratch[key] = np.empty(out.shape, out.dtype)
+    np.matmul(op_a, op_b, out=tmp)
+    _add(out.reshape(-1), tmp.reshape(-1))
+
+
+# Dense layers ------------------------------------------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def bias_act(y, bias, relu):
+    rows, cols = y.shape                        # (B, F)
+    for i in prange(rows):
+        for j in range(cols):
+            v = y[i, j] + bias[j]
+            if relu and v < 0:
+                v = 0
+            y[i, j] = v
+
+
+@njit(cache=True)
+def _relu(x, out):
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v if v > 0 else 0
+
+
+@njit(cache=True)
+def _relu_backward(y, grad_out, grad_in):
+    for i in range(y.size):
+        grad_in[i] = grad_out[i] if y[i] > 0 else 0
+
+
+def relu(x, out):
+    _same_size(out, x)
+    _relu(_flat(x, "x"), _flat(out, "out"))
+
+
+def relu_backward(y, grad_out, grad_in):
+    _same_size(grad_out, y)
+    _same_size(grad_in, y)
+    _relu_backward(_flat(y, "y"), _flat(grad_out, "grad_out"), _flat(grad_in, "grad_in"))
+
+
+@njit(cache=True)
+def bias_grad(grad_out, grad_bias):
+    # Row by row, so the inner loop runs along contiguous memory of both arrays.
+    rows, cols = grad_out.shape                 # (B, F)
+    for i in range(rows):
+        for j in range(cols):
+            grad_bias[j] += grad_out[i, j]
+
+
+# Loss --------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def softmax_xent(logits, labels, grad, losses):
+    """Per-sample -log softmax[label] (log-sum-exp with the row max subtracted) and its gradient."""
+    rows, k = logits.shape                      # (B, K)
+    inv_b = 1.0 / rows
+    for i in range(rows):
+        label = labels[i]
+        if label < 0 or label >= k:
+            raise ValueError("softmax_xent: label out of range [0, K)")
+        m = logits[i, 0]
+        for j in range(1, k):
+            if logits[i, j] > m:
+                m = logits[i, j]
+        s = 0.0
+        for j in range(k):
+            e = np.exp(logits[i, j] - m)
+            grad[i, j] = e
+            s += e
+        losses[i] = np.log(s) + m - logits[i, label]
+        inv_s = 1.0 / s
+        for j in range(k):
+            grad[i, j] = grad[i, j] * inv_s * inv_b
+        grad[i, label] -= inv_b
+
+
+@njit(cache=True)
+def _count_correct(logits, labels):
+    rows, k = logits.shape                      # (B, K)
+    hits = 0
+    for i in range(rows):
+        best = 0
+        for j in range(1, k):
+            if logits[i, j] > logits[i, best]:
+                best = j
+        if best == labels[i]:
+            hits += 1
+    return hits
+
+
+def count_correct(logits, labels):
+    return int(_count_correct(logits, labels))
+
+
+# Convolution: im2col + GEMM ----------------------------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def im2col(x, cols, kh, kw, stride, pad):
+    n_img, chans, h, w = x.shape                # (N, C, H, W)
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (w + 2 * pad - kw) // stride + 1
+    for n in prange(n_img):
+        for i in range(oh):
+            for j in range(ow):
+                row = (n * oh + i) * ow + j     # cols: (N*OH*OW, C*KH*KW)
+                col = 0
+                for c in range(chans):
+                    for ki in range(kh):
+                        hi = i * stride - pad + ki
+                        for kj in range(kw):
+                            wj = j * stride - pad + kj
+                            if 0 <= hi < h and 0 <= wj < w:
+                                cols[row, col] = x[n, c, hi, wj]
+                            else:
+                                cols[row, col] = 0
+                            col += 1
+
+
+@njit(cache=True, parallel=True)
+def col2im(cols, dx, kh, kw, stride, pad):
+    n_img, chans, h, w = dx.shape               # (N, C, H, W)
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (w + 2 * pad - kw) // stride + 1
+    for n in prange(n_img):
+        dx[n] = 0
+        for i in range(oh):
+            for j in range(ow):
+                row = (n * oh + i) * ow + j
+                col = 0
+                for c in range(chans):
+                    for ki in range(kh):
+                        hi = i * stride - pad + ki
+                        for kj in range(kw):
+                            wj = j * stride - pad + kj
+                            if 0 <= hi < h and 0 <= wj < w:
+                                dx[n, c, hi, wj] += cols[row, col]
+                            col += 1
+
+
+@njit(cache=True, parallel=True)
+def nhwc_to_nchw(src, dst):
+    n_img, chans, oh, ow = dst.shape            # src: (N*OH*OW, C)
+    plane = oh * ow
+    for n in prange(n_img):
+        for p in range(plane):
+            i = p // ow
+            j = p - i * ow
+            for c in range(chans):
+                dst[n, c, i, j] = src[n * plane + p, c]
+
+
+@njit(cache=True, parallel=True)
+def nchw_to_nhwc(src, dst):
+    n_img, chans, oh, ow = src.shape            # dst: (N*OH*OW, C)
+    plane = oh * ow
+    for n in prange(n_img):
+        for p in range(plane):
+            i = p // ow
+            j = p - i * ow
+            for c in range(chans):
+                dst[n * plane + p, c] = src[n, c, i, j]
+
+
+# Pooling and dropout -----------------------------------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def maxpool_forward(x, y, argmax, k, stride):
+    n_img, chans, h, w = x.shape                # (N, C, H, W)
+    oh, ow = y.shape[2], y.shape[3]             # (N, C, OH, OW)
+    for n in prange(n_img):
+        for c in range(chans):
+            for i in range(oh):
+                for j in range(ow):
+                    h0 = i * stride
+                    w0 = j * stride
+                    best = x[n, c, h0, w0]
+                    at = h0 * w + w0
+                    for ki in range(k):
+                        for kj in range(k):
+                            v = x[n, c, h0 + ki, w0 + kj]
+                            if v > best:
+                                best = v
+                                at = (h0 + ki) * w + w0 + kj
+                    y[n, c, i, j] = best
+                    argmax[n, c, i, j] = at
+
+
+@njit(cache=True, parallel=True)
+def maxpool_backward(grad_y, argmax, grad_x):
+    n_img, chans, oh, ow = grad_y.shape         # (N, C, OH, OW)
+    w = grad_x.shape[3]
+    for n in prange(n_img):
+        grad_x[n] = 0
+        for c in range(chans):
+            for i in range(oh):
+                for j in range(ow):
+                    at = argmax[n, c, i, j]
+                    hi = at // w
+                    grad_x[n, c, hi, at - hi * w] += grad_y[n, c, i, j]
+
+
+@njit(cache=True)
+def _mix32(x):
+    """lowbias32 (Chris Wellons' 32-bit integer hash), on uint64 holding a uint32."""
+    x = x & np.uint64(0xFFFFFFFF)
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
+    x = x ^ (x >> np.uint64(16))
+    return x
+
+
+@njit(cache=True)
+def _dropout_forward(x, y, mask, threshold, keep_scale, seed_hash):
+    for i in range(x.size):
+        h = _mix32(_mix32(np.uint64(i)) ^ seed_hash)
+        mask[i] = keep_scale if (h >> np.uint64(8)) >= threshold else 0.0
+        y[i] = x[i] * mask[i]
+
+
+@njit(cache=True)
+def _mul(a, b, out):
+    for i in range(a.size):
+        out[i] = a[i] * b[i]
+
+
+def dropout_threshold(p):
+    """Integer keep threshold on the top 24 bits of the hash (the same on every backend)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+    return int(p * 16777216.0)
+
+
+def dropout_forward(x, y, mask, p, seed):
+    _same_size(y, x)
+    _same_size(mask, x)
+    seed_hash = np.uint64(_mix32(np.uint64(int(seed) & 0xFFFFFFFF)))
+    _dropout_forward(_flat(x, "x"), _flat(y, "y"), _flat(mask, "mask"),
+                     np.uint64(dropout_threshold(p)), 1.0 / (1.0 - p), seed_hash)
+
+
+def dropout_backward(grad_y, mask, grad_x):
+    _same_size(mask, grad_y)
+    _same_size(grad_x, grad_y)
+    _mul(_flat(grad_y, "grad_y"), _flat(mask, "mask"), _flat(grad_x, "grad_x"))
+
+
+# Optimizer updates (flat, in place) --------------------------------------------------------------
+
+@njit(cache=True)
+def _sgd(param, grad, buf, lr, momentum, nesterov, weight_decay):
+    for i in range(param.size):
+        g = grad[i] + weight_decay * param[i]
+        if momentum != 0.0:
+            b = momentum * buf[i] + g
+            buf[i] = b
+            g = g + momentum * b if nesterov else b
+        param[i] = param[i] - lr * g
+
+
+@njit(cache=True)
+def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    step_size = lr / (1.0 - beta1 ** step)
+    inv_sqrt_c2 = 1.0 / np.sqrt(1.0 - beta2 ** step)
+    for i in range(param.size):
+        g = grad[i] + weight_decay * param[i]
+        mi = beta1 * m[i] + (1.0 - beta1) * g
+        vi = beta2 * v[i] + (1.0 - beta2) * g * g
+        m[i] = mi
+        v[i] = vi
+        param[i] = param[i] - step_size * mi / (np.sqrt(vi) * inv_sqrt_c2 + eps)
+
+
+def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
+    _same_size(grad, param)
+    flat_buf = _flat(buf, "buf") if momentum != 0 else _flat(param)
+    _sgd(_flat(param, "param"), _flat(grad, "grad"), flat_buf, float(lr), float(momentum),
+         bool(nesterov), float(weight_decay))
+
+
+def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    if step < 1:
+        raise ValueError(f"adam_update: step is 1-based, got {step!r}")
+    _same_size(grad, param)
+    _adam(_flat(param, "param"), _flat(grad, "grad"), _flat(m, "m"), _flat(v, "v"), float(lr),
+          float(beta1), float(beta2), float(eps), float(weight_decay), int(step))
 
 
 # --- Collective reductions (comm): reduce_into(dst, src, op) ---
+# The ring reduces every received sub-chunk into the caller's buffer with these: one pass over
+# memory, in place, SIMD-vectorised by LLVM. Integer overflow wraps, as in MPI_Allreduce.
+# Numba has no float16 on the CPU, so float16 goes through NumPy's in-place ufuncs (same result:
+# each element is rounded to float16 once per reduction).
+
+
+@njit(cache=True)
+def _reduce_sum(dst, src):
+    for i in range(dst.shape[0]):
+        dst[i] += src[i]
+
+
+@njit(cache=True)
+def _reduce_prod(dst, src):
+    for i in range(dst.shape[0]):
+        dst[i] *= src[i]
+
+
+@njit(cache=True)
+def _reduce_min(dst, src):
+    for i in range(dst.shape[0]):
+        if src[i] < dst[i]:
+            dst[i] = src[i]
+
+
+@njit(cache=True)
+def _reduce_max(dst, src):
+    for i in range(dst.shape[0]):
+        if src[i] > dst[i]:
+            dst[i] = src[i]
+
+
+_REDUCE_NUMBA = {"sum": _reduce_sum, "prod": _reduce_prod, "min": _reduce_min, "max": _reduce_max}
+_REDUCE_NUMPY = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def reduce_into(dst, src, op):
+    """dst = op(dst, src) elementwise; dst, src 1-D, same length and dtype; op in sum/prod/min/max.
+
+    NaN follows NumPy's minimum/maximum only on the float16 path; the numba min/max keep dst when
+    the comparison with NaN is false (MPI makes no promise about NaN either).
+    """
+    if dst.dtype == np.float16:
+        _REDUCE_NUMPY[op](dst, src, out=dst)
+    else:
+        _REDUCE_NUMBA[op](dst, src)
