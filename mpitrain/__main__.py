@@ -1,0 +1,15 @@
+"""``python -m mpitrain``: train with the flags of cli.py (``--help`` lists them).
+
+An uncaught exception on any rank must end the whole job: the other ranks would otherwise wait
+forever in their next collective (ChainerMN's except hook explains why Python MPI jobs hang). The
+comm layer's abort hook prints the failing rank's traceback and calls MPI Abort. Bad input is not
+such an exception: cli.run_cli turns it into one line on rank 0 and exit code 2 on every rank.
+"""
+import sys
+
+from mpitrain.cli import run_cli
+from mpitrain.comm import world
+
+if __name__ == "__main__":
+    world.install_abort_hook()
+    sys.exit(run_cli())

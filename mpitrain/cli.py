@@ -1,0 +1,112 @@
+"""Command line of ``mpirun -np N python -m mpitrain``: flags -> Config -> train.run.
+
+One flag per Config field, generated from the field metadata in config.py, so the flag, the
+``MPITRAIN_<NAME>`` variable and the default can never disagree. Flags only override what they
+name (argparse.SUPPRESS), which gives the layering defaults < env < flags.
+
+Bad input is a ``UsageError`` (or the data layer's ``DataError``): every rank reaches it from the
+same config (or from a value agreed across ranks in train.py), rank 0 alone prints one line, and
+every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written.
+"""
+import argparse
+import os
+import sys
+
+from mpitrain import config as cfg
+from mpitrain.config import UsageError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse would print usage + message on every rank; we want one line on rank 0.
+        # Our converters already name the flag, so drop argparse's "argument --x: " prefix.
+        if message.startswith("argument --") and ": --" in message:
+            message = message.split(": ", 1)[1]
+        raise UsageError(message)
+
+    def print_help(self, file=None):
+        if _rank() == 0:
+            super().print_help(file)
+
+
+def build_parser():
+    parser = _Parser(prog="python -m mpitrain",
+                     description="Data-parallel training over MPI "
+                                 "(mpirun -np N python -m mpitrain [flags]). Every flag can also "
+                                 "be set as MPITRAIN_<FLAG_NAME> in the environment; flags win.",
+                     argument_default=argparse.SUPPRESS)
+    for f in cfg.fields():
+        flag = "--" + f.name.replace("_", "-")
+        kind = cfg._field_type(f)
+        help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
+        else:
+            default = f.default if f.default is not None else "-"
+            if isinstance(default, tuple):
+                default = ",".join(map(str, default))
+            choices = f.metadata.get("choices")
+            metavar = "{" + ",".join(choices) + "}" if choices else f.name.upper()
+            parser.add_argument(flag, dest=f.name, type=_typed(f), metavar=metavar,
+                                help=f"{help_text} (default: {default})")
+    return parser
+
+
+def _typed(f):
+    def convert(text):
+        try:
+            return cfg.parse_value(f, text, "--" + f.name.replace("_", "-"))
+        except UsageError as exc:  # argparse only keeps the text of an ArgumentTypeError
+            raise argparse.ArgumentTypeError(str(exc))
+    convert.__name__ = f.name  # argparse names the type in its own messages
+    return convert
+
+
+def parse(argv=None, environ=None):
+    """Config from defaults < environment < ``argv`` (default sys.argv[1:]), validated."""
+    config = cfg.from_env(environ)
+    flags = vars(build_parser().parse_args(argv))
+    return config.replace(**flags).validate()
+
+
+def _rank():
+    """This process's rank, without starting MPI if nothing has yet."""
+    try:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_rank()
+    except ImportError:
+        pass
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def run_cli(argv=None):
+    """Parse, train, and turn bad input into one line on rank 0 plus exit code 2."""
+    import mpitrain.data
+    DataError = getattr(mpitrain.data, "DataError", UsageError)
+    try:
+        config = parse(argv)
+        from mpitrain import train
+        train.run(config)
+    except (UsageError, DataError) as exc:
+        if _rank() == 0:
+            print(f"mpitrain: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help: printed on rank 0, exit code 0 everywhere
+        return exc.code
+    return 0
+
+
+def main(argv=None):
+    """Console-script entry point (``mpitrain ...``); same as ``python -m mpitrain``."""
+    from mpitrain.comm import world
+    world.install_abort_hook()
+    return run_cli(argv)
+
+
+__all__ = ["build_parser", "parse", "main", "run_cli", "EXIT_USAGE"]

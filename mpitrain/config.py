@@ -1,0 +1,186 @@
+"""One source of configuration truth for ``python -m mpitrain``.
+
+A frozen dataclass holds every knob of a training job. Values come from three layers, later ones
+winning: the defaults written below < ``MPITRAIN_<FIELD>`` environment variables < command-line flags
+(cli.py builds one flag per field from the metadata here, so the three layers cannot drift apart).
+Units live in the names or the help text (``fusion_threshold_bytes``, ``checkpoint_every`` in
+steps), never in a second place with a second unit -- Horovod sets its fusion threshold in three
+places in two units, which is what this file exists to avoid.
+
+``validate()`` checks everything that can be checked from the config alone, so every rank reaches
+the same verdict without talking to the others; the one-line error names the offending value.
+"""
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+MODELS = ("mlp", "lenet", "cifar_cnn")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
+# Per-sample shape of each real dataset, so model/dataset mismatches fail before any data is read.
+DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+# Per-sample input shape the conv models accept (the MLP adapts its input width to the data).
+MODEL_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
+ENV_PREFIX = "MPITRAIN_"
+
+
+class UsageError(ValueError):
+    """Bad input from the user (flag, env var, checkpoint): one line, exit code 2, no traceback."""
+
+
+def _opt(default, help, choices=None, flag_type=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type})
+
+
+def parse_hidden(text):
+    """'256,128' -> (256, 128): hidden layer widths of the MLP."""
+    try:
+        sizes = tuple(int(part) for part in str(text).split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise UsageError("expected comma-separated positive integers like 256,128")
+    return sizes
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every knob of a training job; the field name is the flag (--batch-size) and env var suffix."""
+
+    model: str = _opt("mlp", "model from the zoo", choices=MODELS)
+    dataset: str = _opt("fashion-mnist", "training/test data", choices=DATASETS)
+    data_dir: Optional[str] = _opt(None, "dataset folder (default: mpitrain.data's search path)")
+    epochs: int = _opt(1, "passes over the training set (ignored when --steps is given)")
+    steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs; a resumed run "
+                                      "continues up to it")
+    batch_size: int = _opt(64, "samples per rank per step (global batch = ranks x this)")
+    lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
+    scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
+    warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
+    optimizer: str = _opt("sgd", "optimizer", choices=("sgd", "adam"))
+    momentum: float = _opt(0.9, "SGD momentum (0 = plain SGD)")
+    weight_decay: float = _opt(0.0, "L2 weight decay")
+    average: str = _opt("gradients", "average gradients before every update (Horovod) or "
+                                     "weights every --average-every steps (PNNL)",
+                        choices=("gradients", "weights"))
+    average_every: int = _opt(1, "steps between weight averages (--average weights)")
+    fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
+    fusion_threshold_bytes: int = _opt(64 * 1024 * 1024, "gradient fusion buffer size in bytes "
+                                                         "(0 = one allreduce per tensor)")
+    seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
+    device: str = _opt("cpu", "where the model runs", choices=("cpu", "cuda"))
+    kernels: Optional[str] = _opt(None, "kernel flavour (default: numba on cpu, cupy on cuda)",
+                                  choices=("numba", "cupy"))
+    threads: int = _opt(0, "BLAS + Numba threads per rank (0 = cores / ranks on this node, >= 1)")
+    checkpoint_dir: Optional[str] = _opt(None, "folder for checkpoints (rank 0 writes)")
+    checkpoint_every: int = _opt(0, "steps between checkpoints (0 = only at the end); "
+                                    "needs --checkpoint-dir")
+    resume: bool = _opt(False, "continue from the newest valid checkpoint in --checkpoint-dir")
+    save: Optional[str] = _opt(None, "write the final parameters to this .npz (keys: names)")
+    metrics_json: Optional[str] = _opt(None, "append JSON-lines metrics to this file (rank 0)")
+    no_progress: bool = _opt(False, "no progress bar")
+    eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
+    hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
+                                   flag_type=parse_hidden)
+    synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
+
+    def validate(self):
+        """Raise UsageError naming the first offending value; return self when all is well."""
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
+        at_least = {"epochs": 1, "batch_size": 1, "average_every": 1, "synthetic_samples": 1,
+                    "fusion_threshold_bytes": 0, "checkpoint_every": 0, "eval_every": 0,
+                    "threads": 0, "seed": 0}
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
+        if self.steps is not None and self.steps < 1:
+            raise UsageError(f"--steps {self.steps!r}: must be >= 1")
+        if not self.lr > 0:
+            raise UsageError(f"--lr {self.lr!r}: must be > 0")
+        if not 0 <= self.momentum < 1:
+            raise UsageError(f"--momentum {self.momentum!r}: must be in [0, 1)")
+        if not self.weight_decay >= 0:
+            raise UsageError(f"--weight-decay {self.weight_decay!r}: must be >= 0")
+        if not self.warmup_epochs >= 0:
+            raise UsageError(f"--warmup-epochs {self.warmup_epochs!r}: must be >= 0")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            what = "--resume" if self.resume else f"--checkpoint-every {self.checkpoint_every}"
+            raise UsageError(f"{what} needs --checkpoint-dir")
+        if self.average == "weights" and self.checkpoint_every % self.average_every:
+            # Between averages the replicas differ; a checkpoint must hold one model, not N.
+            raise UsageError(f"--checkpoint-every {self.checkpoint_every} must be a multiple of "
+                             f"--average-every {self.average_every} with --average weights")
+        if self.hidden is not None and self.model != "mlp":
+            raise UsageError(f"--hidden {','.join(map(str, self.hidden))}: only for --model mlp, "
+                             f"not {self.model!r}")
+        if self.kernels == "cupy" and self.device == "cpu":
+            raise UsageError("--kernels 'cupy' needs --device cuda")
+        want = MODEL_SHAPES.get(self.model)
+        have = DATASET_SHAPES.get(self.dataset)
+        if want and have and want != have:
+            raise UsageError(f"--model {self.model!r} takes {want} samples but --dataset "
+                             f"{self.dataset!r} has {have}")
+        return self
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name):
+    return ENV_PREFIX + name.upper()
+
+
+def _field_type(f):
+    """The Python type a field's text is parsed into (Optional[int] -> int)."""
+    if f.metadata.get("type"):
+        return f.metadata["type"]
+    hint = str(f.type)  # "<class 'int'>", "typing.Optional[int]", or a string annotation
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if name in hint:
+            return kind
+    return str
+
+
+def parse_value(f, text, source):
+    """Parse one text value for field ``f``; ``source`` names where it came from (for the error)."""
+    kind = _field_type(f)
+    if kind is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise UsageError(f"{source}={text!r}: expected 1/0, true/false, yes/no or on/off")
+    try:
+        return kind(text)
+    except UsageError as exc:
+        raise UsageError(f"{source}={text!r}: {exc}")
+    except ValueError:
+        raise UsageError(f"{source}={text!r}: expected {kind.__name__}")
+
+
+def from_env(environ=None, base=None):
+    """Config with every ``MPITRAIN_<FIELD>`` variable of ``environ`` applied over ``base``."""
+    environ = os.environ if environ is None else environ
+    base = base or Config()
+    changes = {}
+    for f in dataclasses.fields(Config):
+        key = env_name(f.name)
+        if key in environ:
+            changes[f.name] = parse_value(f, environ[key], key)
+    return base.replace(**changes)
+
+
+def fields():
+    return dataclasses.fields(Config)

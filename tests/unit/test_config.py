@@ -1,0 +1,99 @@
+"""Config layering (defaults < MPITRAIN_* env < flags), parsing and one-line validation errors."""
+import dataclasses
+
+import pytest
+
+from mpitrain import cli
+from mpitrain import config as cfg
+from mpitrain.config import Config, UsageError
+
+
+def test_defaults_are_the_meaningful_job():
+    c = Config().validate()
+    assert (c.model, c.dataset, c.epochs, c.device) == ("mlp", "fashion-mnist", 1, "cpu")
+    assert c.steps is None and c.scale_lr is False
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().lr = 1.0
+
+
+def test_env_overrides_defaults_and_flags_override_env():
+    env = {"MPITRAIN_BATCH_SIZE": "32", "MPITRAIN_LR": "0.5", "MPITRAIN_SCALE_LR": "yes"}
+    c = cli.parse([], environ=env)
+    assert (c.batch_size, c.lr, c.scale_lr) == (32, 0.5, True)
+    c = cli.parse(["--batch-size", "8"], environ=env)
+    assert (c.batch_size, c.lr) == (8, 0.5)
+
+
+def test_every_field_has_a_flag_and_an_env_var():
+    parser = cli.build_parser()
+    dests = {a.dest for a in parser._actions}
+    for f in cfg.fields():
+        assert f.name in dests, f.name
+        assert f.metadata["help"]
+    # Flags exactly as documented in the issue.
+    text = parser.format_help()
+    for flag in ("--model", "--dataset", "--data-dir", "--epochs", "--steps", "--batch-size",
+                 "--lr", "--scale-lr", "--warmup-epochs", "--optimizer", "--momentum",
+                 "--weight-decay", "--average", "--average-every", "--fp16-allreduce",
+                 "--fusion-threshold-bytes", "--seed", "--device", "--kernels",
+                 "--checkpoint-dir", "--checkpoint-every", "--resume", "--save",
+                 "--metrics-json", "--no-progress", "--eval-every", "--threads"):
+        assert flag in text, flag
+
+
+def test_parses_every_kind_of_value():
+    c = cli.parse(["--steps", "7", "--warmup-epochs", "0.5", "--fp16-allreduce", "--hidden",
+                   "16,8", "--average", "weights", "--average-every", "3"], environ={})
+    assert (c.steps, c.warmup_epochs, c.fp16_allreduce, c.hidden) == (7, 0.5, True, (16, 8))
+    assert c.average == "weights" and c.average_every == 3
+    assert cfg.from_env({"MPITRAIN_HIDDEN": "4"}).hidden == (4,)
+    assert cfg.from_env({"MPITRAIN_NO_PROGRESS": "0"}).no_progress is False
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "resnet"], "--model 'resnet'"),
+    (["--batch-size", "0"], "--batch-size 0"),
+    (["--lr", "-0.1"], "--lr -0.1"),
+    (["--lr", "nan"], "--lr nan"),
+    (["--epochs", "0"], "--epochs 0"),
+    (["--steps", "0"], "--steps 0"),
+    (["--momentum", "1.5"], "--momentum 1.5"),
+    (["--dataset", "imagenet"], "--dataset 'imagenet'"),
+    (["--average", "both"], "--average 'both'"),
+    (["--batch-size", "ten"], "--batch-size='ten'"),
+    (["--hidden", "a,b"], "--hidden"),
+    (["--hidden", "0"], "--hidden"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
+    (["--model", "lenet", "--dataset", "cifar10"], "'lenet'"),
+    (["--model", "lenet", "--hidden", "8"], "--hidden 8"),
+    (["--kernels", "cupy"], "--kernels 'cupy'"),
+    (["--average", "weights", "--average-every", "4", "--checkpoint-every", "6",
+      "--checkpoint-dir", "x"], "--checkpoint-every 6"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_input_is_one_line_naming_the_value(argv, needle):
+    with pytest.raises(UsageError) as info:
+        cli.parse(argv, environ={})
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(UsageError, match="MPITRAIN_EPOCHS='x'"):
+        cli.parse([], environ={"MPITRAIN_EPOCHS": "x"})
+    with pytest.raises(UsageError, match="MPITRAIN_RESUME='maybe'"):
+        cli.parse([], environ={"MPITRAIN_RESUME": "maybe"})
+
+
+def test_run_cli_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
+    metrics = tmp_path / "m.jsonl"
+    code = cli.run_cli(["--batch-size", "0", "--metrics-json", str(metrics)])
+    assert code == cli.EXIT_USAGE == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--batch-size 0" in err
+    assert not metrics.exists()
