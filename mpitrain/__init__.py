@@ -10,9 +10,10 @@ Each section below re-exports one layer of the package; ``__all__`` is the publi
 # Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError.
 from mpitrain.comm import *  # noqa: F401,F403
 from mpitrain.comm import __all__ as _comm_all
+from mpitrain.distributed import broadcast_parameters  # noqa: F401
 
 # Model side (no MPI inside): layers, models, optimizers, datasets.
 from mpitrain import data, nn, optim  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = list(_comm_all) + ["nn", "optim", "data"]
+__all__ = list(_comm_all) + ["broadcast_parameters", "nn", "optim", "data"]

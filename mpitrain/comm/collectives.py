@@ -1,0 +1,408 @@
+"""Horovod-style collectives on NumPy arrays: allreduce (our ring), allgather, broadcast, ...
+
+Every collective does the same three things: validate its arguments locally, agree with the other
+ranks on them (check.agree: one 16-byte MPI_Allreduce; a mismatch raises CollectiveError on every
+rank), then move data. Only allreduce has its own algorithm (ring.py); the others call MPI's
+variable-count collectives on raw bytes, which is also why every dtype works with them.
+
+Allreduce path (``_allreduce_flat``):
+- float16 always takes the ring (MPI has no portable float16 reduction);
+- messages of at least ``RING_THRESHOLD_BYTES`` take the ring, smaller ones MPI_Allreduce, which
+  wins below that size because a ring pays 2(N-1) message latencies plus Python overhead per
+  step (measured with benchmarks/allreduce.py, see docs/benchmarks.md); integers follow the same
+  rule, as MPI's integer sums wrap exactly like ours;
+- ``MPITRAIN_ALLREDUCE=ring|mpi`` forces one path (comparisons, debugging).
+Average is Sum followed by a scale of postscale_factor/N; prescale_factor multiplies the input
+first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
+
+Device arrays (anything exposing ``__cuda_array_interface__``) are handed to
+mpitrain/comm/device.py at one place, ``_device``; the host code never branches on array types.
+"""
+import enum
+import math
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from mpitrain.comm import check, world
+from mpitrain.comm.fusion import FusionBuffer, threshold_from_env
+from mpitrain.comm.ring import ring_allreduce
+from mpitrain.kernels.cpu import reduce_into
+
+RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 64 * 1024))
+SUBCHUNK_BYTES = int(os.environ.get("MPITRAIN_RING_SUBCHUNK", 1 << 20))
+DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
+                                     "float16", "float32", "float64"))
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVERAGE = "average"
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "prod"
+
+    def __repr__(self):
+        return f"mt.{self.name.capitalize()}"
+
+
+Sum, Average, Min, Max, Product = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX,
+                                   ReduceOp.PRODUCT)
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+_REDUCERS = {k: (lambda d, s, _k=k: reduce_into(d, s, _k)) for k in _MPI_OPS}
+_scratch = {}
+_fusion = None
+
+
+def _reset():
+    """Drop persistent buffers (called by world.shutdown)."""
+    global _fusion
+    _scratch.clear()
+    _fusion = None
+
+
+def algorithm():
+    """'auto' (threshold), 'ring' or 'mpi', from MPITRAIN_ALLREDUCE (read on every call)."""
+    algo = os.environ.get("MPITRAIN_ALLREDUCE", "auto").lower() or "auto"
+    if algo not in ("auto", "ring", "mpi"):
+        raise ValueError(f"MPITRAIN_ALLREDUCE={algo!r}: expected ring, mpi or auto")
+    return algo
+
+
+# --- the allreduce engine (flat, contiguous, in place) -------------------------------------------
+
+def _reduce_kind(op):
+    return "sum" if op is Average else op.value
+
+
+def _allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
+    """Allreduce a contiguous 1-D host array in place: prescale, reduce, then scale."""
+    comm = world.ring_comm()
+    if prescale != 1.0:
+        _scale(flat, prescale)
+    kind = _reduce_kind(op)
+    algo = algorithm()
+    use_ring = (flat.dtype == np.float16 or algo == "ring"
+                or (algo == "auto" and flat.nbytes >= RING_THRESHOLD_BYTES))
+    if comm.Get_size() > 1 and flat.size:
+        if use_ring:
+            ring_allreduce(comm, flat, _REDUCERS[kind], _scratch_for(flat.dtype),
+                           max(1, SUBCHUNK_BYTES // flat.dtype.itemsize))
+        else:
+            comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OPS[kind])
+    factor = postscale / comm.Get_size() if op is Average else postscale
+    if factor != 1.0:
+        _scale(flat, factor)
+    return flat
+
+
+def _scratch_for(dtype):
+    buf = _scratch.get(dtype)
+    if buf is None:
+        sub = max(1, SUBCHUNK_BYTES // dtype.itemsize)
+        buf = _scratch[dtype] = np.empty(2 * sub, dtype)
+    return buf
+
+
+def _scale(flat, factor):
+    np.multiply(flat, factor, out=flat, casting="unsafe")
+
+
+def _device(fn_name):
+    """The single dispatch point for device buffers (mpitrain/comm/device.py)."""
+    try:
+        from mpitrain.comm import device
+    except ImportError as exc:
+        raise NotImplementedError(
+            f"mt.{fn_name} got a device array (__cuda_array_interface__) but device collectives "
+            f"are unavailable: {exc}") from None
+    return getattr(device, fn_name)
+
+
+def _on_device(x):
+    return hasattr(x, "__cuda_array_interface__")
+
+
+# --- validation helpers: return an error string instead of raising (see check.py) ----------------
+
+def _as_array(x, kind, in_place=False, min_ndim=0):
+    if in_place and not isinstance(x, np.ndarray):
+        return None, f"{kind}: in-place needs a numpy.ndarray, got {type(x).__name__}"
+    try:
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure is a bad argument
+        return None, f"{kind}: cannot convert {type(x).__name__} to an array ({exc})"
+    if a.dtype not in DTYPES:
+        names = ", ".join(d.name for d in DTYPES)
+        return None, f"{kind}: dtype {a.dtype} is not supported; use one of {names}"
+    if in_place and not a.flags.writeable:
+        return None, f"{kind}: in-place needs a writeable array"
+    if a.ndim < min_ndim:
+        return None, f"{kind}: needs an array with at least {min_ndim} dimension, got shape ()"
+    return a, None
+
+
+def _as_op(op, kind):
+    if isinstance(op, ReduceOp):
+        return op, None
+    try:
+        return ReduceOp(str(op).lower()), None
+    except ValueError:
+        return None, f"{kind}: unknown op {op!r}; use mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product"
+
+
+def _as_factor(value, label):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return None, f"{label}={value!r} is not a number"
+    if not math.isfinite(float(value)):
+        return None, f"{label}={value!r} is not finite"
+    return float(value), None
+
+
+def _as_root(root, kind, size):
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)):
+        return None, f"{kind}: root_rank={root!r} is not an integer"
+    if not 0 <= root < size:
+        return None, f"{kind}: root_rank={root} is out of range for {size} ranks"
+    return int(root), None
+
+
+def _first_error(*errors):
+    return next((e for e in errors if e is not None), None)
+
+
+def _reduce_args(kind, op, prescale, postscale):
+    op, e1 = _as_op(op, kind)
+    pre, e2 = _as_factor(prescale, f"{kind}: prescale_factor")
+    post, e3 = _as_factor(postscale, f"{kind}: postscale_factor")
+    fields = {"op": op, "prescale_factor": pre, "postscale_factor": post}
+    return op, pre, post, fields, _first_error(e1, e2, e3)
+
+
+# --- allreduce ------------------------------------------------------------------------------------
+
+def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``x`` across ranks; returns a new array (same shape and dtype) on every rank."""
+    if _on_device(x):
+        return _device("allreduce")(x, op=op, name=name, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor)
+    a, err = _as_array(x, "allreduce")
+    out = None if a is None else np.array(a, order="C", copy=True)
+    return _allreduce_checked("allreduce", a, out, err, op, name, prescale_factor,
+                              postscale_factor)
+
+
+def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place allreduce; returns ``x``."""
+    if _on_device(x):
+        return _device("allreduce_")(x, op=op, name=name, prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor)
+    a, err = _as_array(x, "allreduce_", in_place=True)
+    return _allreduce_checked("allreduce_", a, a, err, op, name, prescale_factor,
+                              postscale_factor)
+
+
+def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
+    op, pre, post, fields, err2 = _reduce_args(kind, op, prescale, postscale)
+    fields.update(name=name, shape=None if a is None else a.shape,
+                  dtype=None if a is None else a.dtype.str)
+    check.agree(world.comm(), "allreduce", fields, err or err2)
+    if out.flags.c_contiguous:
+        _allreduce_flat(out.reshape(-1), op, pre, post)
+    else:
+        tmp = np.ascontiguousarray(out)
+        _allreduce_flat(tmp.reshape(-1), op, pre, post)
+        out[...] = tmp
+    return out
+
+
+def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays."""
+    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place grouped allreduce (e.g. gradients); returns the same list."""
+    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor)
+
+
+def _grouped(kind, xs, in_place, op, name, prescale, postscale):
+    xs = list(xs)
+    if any(_on_device(x) for x in xs):
+        return _device(kind)(xs, op=op, name=name, prescale_factor=prescale,
+                             postscale_factor=postscale)
+    arrays, errors = zip(*[_as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
+    op, pre, post, fields, err = _reduce_args(kind, op, prescale, postscale)
+    fusion = _fusion_buffer()
+    fields.update(name=name, threshold_bytes=fusion.threshold_bytes,
+                  arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
+    check.agree(world.comm(), "grouped_allreduce", fields, _first_error(err, *errors))
+    outs = list(arrays) if in_place else [np.empty(a.shape, a.dtype) for a in arrays]
+    fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(flat, op, pre, post))
+    return outs
+
+
+def _fusion_buffer():
+    """The persistent fusion buffer; rebuilt only if MPITRAIN_FUSION_THRESHOLD changed."""
+    global _fusion
+    threshold = threshold_from_env()
+    if _fusion is None or _fusion.threshold_bytes != threshold:
+        _fusion = FusionBuffer(threshold)
+    return _fusion
+
+
+# --- the other collectives (MPI on raw bytes) ----------------------------------------------------
+
+def _bytes(a):
+    """Contiguous 1-D uint8 view (or copy, if ``a`` is not contiguous) of an array."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def allgather(x, name=None):
+    """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
+    if _on_device(x):
+        return _device("allgather")(x, name=name)
+    comm = world.comm()
+    a, err = _as_array(x, "allgather", min_ndim=1)
+    fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
+              "dtype": None if a is None else a.dtype.str}
+    check.agree(comm, "allgather", fields, err)
+    rows = np.array([a.shape[0]], np.int64)
+    counts = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather(rows, counts)
+    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+    out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
+    nbytes = counts * row_bytes
+    displs = np.concatenate(([0], np.cumsum(nbytes)[:-1]))
+    comm.Allgatherv([_bytes(a), MPI.BYTE], [out.reshape(-1).view(np.uint8), (nbytes, displs),
+                                            MPI.BYTE])
+    return out
+
+
+def broadcast(x, root_rank, name=None):
+    """Return a new array holding root_rank's ``x`` on every rank."""
+    if _on_device(x):
+        return _device("broadcast")(x, root_rank, name=name)
+    a, err = _as_array(x, "broadcast")
+    out = None if a is None else np.array(a, order="C", copy=True)
+    return _broadcast_checked("broadcast", out, out, root_rank, name, err)
+
+
+def broadcast_(x, root_rank, name=None):
+    """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
+    if _on_device(x):
+        return _device("broadcast_")(x, root_rank, name=name)
+    a, err = _as_array(x, "broadcast_", in_place=True)
+    return _broadcast_checked("broadcast_", a, a, root_rank, name, err)
+
+
+def _broadcast_checked(kind, a, out, root_rank, name, err):
+    comm = world.comm()
+    root, err2 = _as_root(root_rank, kind, comm.Get_size())
+    fields = {"name": name, "root_rank": root, "shape": None if a is None else a.shape,
+              "dtype": None if a is None else a.dtype.str}
+    check.agree(comm, "broadcast", fields, err or err2)
+    if out.flags.c_contiguous:
+        comm.Bcast([out.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    else:
+        tmp = np.ascontiguousarray(out)
+        comm.Bcast([tmp.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+        out[...] = tmp
+    return out
+
+
+def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``x`` across ranks and give rank r block r of axis 0 (first len % N get +1 row)."""
+    if _on_device(x):
+        return _device("reducescatter")(x, op=op, name=name, prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor)
+    comm = world.comm()
+    a, err = _as_array(x, "reducescatter", min_ndim=1)
+    op, pre, post, fields, err2 = _reduce_args("reducescatter", op, prescale_factor,
+                                               postscale_factor)
+    fields.update(name=name, shape=None if a is None else a.shape,
+                  dtype=None if a is None else a.dtype.str)
+    check.agree(comm, "reducescatter", fields, err or err2)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    base, extra = divmod(a.shape[0], size)
+    rows = [base + (r < extra) for r in range(size)]
+    start = sum(rows[:rank])
+    row_elems = math.prod(a.shape[1:])
+    if a.dtype == np.float16 or size == 1:
+        full = np.array(a, order="C", copy=True)
+        _allreduce_flat(full.reshape(-1), op, pre, post)
+        return full[start:start + rows[rank]].copy()
+    send = np.array(a, order="C", copy=True)
+    if pre != 1.0:
+        _scale(send.reshape(-1), pre)
+    out = np.empty((rows[rank],) + a.shape[1:], a.dtype)
+    counts = [r * row_elems for r in rows]
+    comm.Reduce_scatter(send.reshape(-1), out.reshape(-1), counts, op=_MPI_OPS[_reduce_kind(op)])
+    factor = post / size if op is Average else post
+    if factor != 1.0:
+        _scale(out.reshape(-1), factor)
+    return out
+
+
+def alltoall(x, splits=None, name=None):
+    """Send rows splits[j] of ``x`` (in order) to rank j; returns out, or (out, received_splits).
+
+    Without ``splits`` the first dimension must divide evenly by the number of ranks.
+    """
+    if _on_device(x):
+        return _device("alltoall")(x, splits=splits, name=name)
+    comm = world.comm()
+    size = comm.Get_size()
+    a, err = _as_array(x, "alltoall", min_ndim=1)
+    send_splits, err2 = (None, None) if a is None else _as_splits(splits, a.shape[0], size)
+    fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
+              "dtype": None if a is None else a.dtype.str, "splits given": splits is not None}
+    check.agree(comm, "alltoall", fields, err or err2)
+    recv_splits = np.empty(size, np.int64)
+    comm.Alltoall(send_splits, recv_splits)
+    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+    out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
+    sb, rb = send_splits * row_bytes, recv_splits * row_bytes
+    sd = np.concatenate(([0], np.cumsum(sb)[:-1]))
+    rd = np.concatenate(([0], np.cumsum(rb)[:-1]))
+    comm.Alltoallv([_bytes(a), (sb, sd), MPI.BYTE],
+                   [out.reshape(-1).view(np.uint8), (rb, rd), MPI.BYTE])
+    return out if splits is None else (out, recv_splits)
+
+
+def _as_splits(splits, rows, size):
+    if splits is None:
+        if rows % size:
+            return None, f"alltoall: first dimension {rows} does not divide by {size} ranks; " \
+                         f"pass splits"
+        return np.full(size, rows // size, np.int64), None
+    try:
+        s = np.asarray(splits).astype(np.int64, casting="same_kind").reshape(-1)
+    except (TypeError, ValueError):
+        return None, f"alltoall: splits={splits!r} must be {size} integers"
+    if s.size != size or (s < 0).any() or s.sum() != rows:
+        return None, (f"alltoall: splits={s.tolist()} must be {size} non-negative integers "
+                      f"summing to the first dimension {rows}")
+    return s, None
+
+
+def barrier():
+    comm = world.comm()
+    check.agree(comm, "barrier", {})
+    comm.Barrier()
+
+
+def broadcast_object(obj, root_rank=0):
+    """Pickle ``obj`` on root_rank and return it on every rank."""
+    comm = world.comm()
+    root, err = _as_root(root_rank, "broadcast_object", comm.Get_size())
+    check.agree(comm, "broadcast_object", {"root_rank": root}, err)
+    return comm.bcast(obj, root=root)
+
+
+def allgather_object(obj):
+    """List of every rank's (picklable) ``obj``, in rank order."""
+    comm = world.comm()
+    check.agree(comm, "allgather_object", {})
+    return comm.allgather(obj)

@@ -1,0 +1,106 @@
+"""Pipelined ring-allreduce: reduce-scatter, then allgather, between ring neighbours only.
+
+The N ranks form a ring; rank r sends only to its right neighbour r+1 and receives only from its
+left neighbour r-1 (mod N). The buffer is cut into N chunks (the first len % N chunks are one
+element longer), chunk c = buf[start[c]:start[c+1]]::
+
+        +--> 0 --> 1 --+
+        |              |        N = 4: every arrow carries one chunk per step
+        +--- 3 <-- 2 <-+
+
+Reduce-scatter, step s = 0 .. N-2: rank r sends chunk (r - s) % N and receives chunk
+(r - s - 1) % N, which it reduces into its own copy. After N-1 steps rank r holds the fully
+reduced chunk (r + 1) % N. Allgather, step s = 0 .. N-2: rank r sends chunk (r + 1 - s) % N
+(already final) and receives chunk (r - s) % N, overwriting its copy. For N = 4 (send / receive):
+
+    phase            step   rank 0   rank 1   rank 2   rank 3
+    reduce-scatter   0      0 / 3    1 / 0    2 / 1    3 / 2
+                     1      3 / 2    0 / 3    1 / 0    2 / 1
+                     2      2 / 1    3 / 2    0 / 3    1 / 0    -> rank r owns chunk r+1
+    allgather        0      1 / 0    2 / 1    3 / 2    0 / 3
+                     1      0 / 3    1 / 0    2 / 1    3 / 2
+                     2      3 / 2    0 / 3    1 / 0    2 / 1    -> every rank has all chunks
+
+That is 2(N-1) steps of one chunk each, 2N(N-1) chunk transfers in all (tests/unit/
+test_ring_schedule.py checks exactly this table). Each rank sends and receives 2(N-1)/N of the
+buffer, whatever N: the time is bounded by the link bandwidth, not by the number of ranks, which is
+why the ring is the bandwidth-optimal allreduce (a tree or a reduce+broadcast sends the whole
+buffer at least twice through its busiest rank).
+
+Pipelining: a chunk is sent as sub-chunks of ``sub`` elements. While sub-chunk k is reduced from
+the scratch buffer into ``buf``, sub-chunk k+1 is already arriving in the other half of scratch
+(double buffering), so the reduction runs on cache-warm data and overlaps the next transfer. In
+the allgather phase sub-chunks are received directly into ``buf``. Extra memory: ``scratch`` of
+2*sub elements, owned by the caller and reused by every call; nothing is allocated per call.
+
+The algorithm never touches elements itself: it slices ``buf``/``scratch`` (numpy, cupy or numba
+device arrays all slice the same way), sends them as raw bytes with the communicator, and calls
+``reduce(dst, src)`` -- so device buffers only need a device reduce function and a communicator
+that can move device memory.
+"""
+from mpi4py import MPI
+
+
+def chunk_bounds(n, size):
+    """Start offsets of the ``size`` chunks of an n-element buffer (size+1 entries)."""
+    base, extra = divmod(n, size)
+    return [c * base + min(c, extra) for c in range(size + 1)]
+
+
+def ring_allreduce(comm, buf, reduce, scratch, sub):
+    """Allreduce the 1-D contiguous ``buf`` in place over ``comm``.
+
+    reduce(dst, src): dst = op(dst, src) on equal-length 1-D slices.
+    scratch: 1-D, same dtype as buf, at least 2*sub elements (the double buffer).
+    sub: sub-chunk length in elements (> 0); the pipelining grain.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1 or buf.shape[0] == 0:
+        return buf
+    if sub < 1 or scratch.shape[0] < 2 * sub:
+        raise ValueError(f"ring scratch of {scratch.shape[0]} elements < 2 * sub ({sub})")
+    bounds = chunk_bounds(buf.shape[0], size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for step in range(size - 1):
+        send_c, recv_c = (rank - step) % size, (rank - step - 1) % size
+        _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch, sub, step)
+    for step in range(size - 1):
+        send_c, recv_c = (rank + 1 - step) % size, (rank - step) % size
+        _copy_step(comm, buf, bounds, send_c, recv_c, left, right, sub, size + step)
+    return buf
+
+
+def _pieces(bounds, c, sub):
+    """(lo, hi) of the sub-chunks of chunk c; the same on sender and receiver."""
+    return [(lo, min(lo + sub, bounds[c + 1])) for lo in range(bounds[c], bounds[c + 1], sub)]
+
+
+def _send_all(comm, buf, pieces, right, tag):
+    return [comm.Isend([buf[lo:hi], MPI.BYTE], right, tag) for lo, hi in pieces]
+
+
+def _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch, sub, tag):
+    sends = _send_all(comm, buf, _pieces(bounds, send_c, sub), right, tag)
+    pieces = _pieces(bounds, recv_c, sub)
+    slots = (scratch[:sub], scratch[sub:2 * sub])
+    if pieces:
+        lo, hi = pieces[0]
+        pending = comm.Irecv([slots[0][:hi - lo], MPI.BYTE], left, tag)
+    for k, (lo, hi) in enumerate(pieces):
+        pending.Wait()
+        if k + 1 < len(pieces):
+            nlo, nhi = pieces[k + 1]
+            nxt = comm.Irecv([slots[(k + 1) % 2][:nhi - nlo], MPI.BYTE], left, tag)
+        reduce(buf[lo:hi], slots[k % 2][:hi - lo])
+        if k + 1 < len(pieces):
+            pending = nxt
+    for req in sends:
+        req.Wait()
+
+
+def _copy_step(comm, buf, bounds, send_c, recv_c, left, right, sub, tag):
+    recvs = [comm.Irecv([buf[lo:hi], MPI.BYTE], left, tag)
+             for lo, hi in _pieces(bounds, recv_c, sub)]
+    sends = _send_all(comm, buf, _pieces(bounds, send_c, sub), right, tag)
+    for req in recvs + sends:
+        req.Wait()
