@@ -14,6 +14,7 @@ from mpitrain.distributed import broadcast_parameters  # noqa: F401
 
 # Model side (no MPI inside): layers, models, optimizers, datasets.
 from mpitrain import data, nn, optim  # noqa: F401
+from mpitrain.nn import models  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = list(_comm_all) + ["broadcast_parameters", "nn", "optim", "data"]
+__all__ = list(_comm_all) + ["broadcast_parameters", "nn", "optim", "data", "models"]

@@ -1,0 +1,327 @@
+"""Layers: Linear, ReLU, Conv2D, MaxPool2D, Flatten, Dropout.
+
+Every layer does its arithmetic through the backend kernels it holds (``self.kernels``), never with
+NumPy on its arrays, so the same code runs on the CPU, on CuPy and on Numba CUDA. Weights are drawn
+on the host from a seed (float64, then cast), so a model is identical on every process and in every
+dtype up to rounding.
+
+Workspaces: each layer keeps its outputs and scratch arrays between steps and reallocates them only
+when a larger batch arrives; a smaller batch (the last one of an epoch) uses the leading rows
+(``buf[:n]``). Consequently an array returned by ``forward``/``backward`` is valid until that layer's
+next call -- ``Sequential.forward`` copies the final logits out.
+
+``backward(grad_y, need_input_grad=True)`` adds the parameter gradients into ``Parameter.grad`` and
+returns the gradient with respect to the input (or None when not needed: the first layer of a model
+skips that GEMM and the col2im).
+"""
+import math
+
+import numpy as np
+
+from mpitrain import kernels as _kernels
+from mpitrain.nn.parameter import Parameter
+
+
+def _rng(seed):
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _check_positive(name, value):
+    if not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def init_weight(rng, shape, fan_in, fan_out, scheme):
+    """He normal (std sqrt(2/fan_in), layers followed by ReLU) or Glorot uniform, float64 on host."""
+    if scheme == "he":
+        return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
+    if scheme == "glorot":
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, size=shape)
+    raise ValueError(f"unknown init scheme {scheme!r}; expected 'he' or 'glorot'")
+
+
+class Layer:
+    """Base class: mode, parameters and batch-sized workspaces."""
+
+    def __init__(self, kernels=None, dtype=np.float32):
+        self.kernels = kernels if kernels is not None else _kernels.get("cpu")
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind != "f":
+            raise ValueError(f"layer dtype must be floating point, got {self.dtype}")
+        self.training = True
+        self._params = {}
+        self._ws = {}
+
+    def named_parameters(self):
+        return list(self._params.items())
+
+    def parameters(self):
+        return list(self._params.values())
+
+    def train(self):
+        self.training = True
+
+    def eval(self):
+        self.training = False
+
+    def workspace(self, key, shape, dtype=None):
+        """A reusable array of ``shape``; regrown only when axis 0 outgrows it."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        buf = self._ws.get(key)
+        if (buf is None or buf.dtype != dtype or tuple(buf.shape[1:]) != tuple(shape[1:])
+                or buf.shape[0] < shape[0]):
+            buf = self.kernels.empty(tuple(shape), dtype)
+            self._ws[key] = buf
+        return buf if buf.shape[0] == shape[0] else buf[:shape[0]]
+
+    def _check_input(self, x, ndim, what):
+        if x.ndim != ndim:
+            raise ValueError(f"{type(self).__name__} expects {what}, got shape {tuple(x.shape)}")
+        if x.dtype != self.dtype:
+            raise ValueError(f"{type(self).__name__} has dtype {self.dtype}, input has {x.dtype}")
+
+    def __call__(self, x):
+        return self.forward(x)
+
+
+class Linear(Layer):
+    """y = x @ W.T + b, W (out, in); ``relu=True`` fuses the activation into the bias kernel."""
+
+    def __init__(self, in_features, out_features, relu=False, seed=0, dtype=np.float32,
+                 kernels=None, init=None):
+        super().__init__(kernels, dtype)
+        _check_positive("in_features", in_features)
+        _check_positive("out_features", out_features)
+        self.in_features, self.out_features, self.relu = in_features, out_features, bool(relu)
+        scheme = init or ("he" if relu else "glorot")
+        w = init_weight(_rng(seed), (out_features, in_features), in_features, out_features, scheme)
+        self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
+        self.bias = self._params["bias"] = Parameter(np.zeros(out_features, self.dtype),
+                                                     self.kernels)
+
+    def forward(self, x):
+        self._check_input(x, 2, f"(B, {self.in_features})")
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"Linear expects {self.in_features} input features, got "
+                             f"{x.shape[1]} (input shape {tuple(x.shape)})")
+        k = self.kernels
+        y = self.workspace("y", (x.shape[0], self.out_features))       # (B, out)
+        k.gemm(x, self.weight.data, y, trans_b=True)
+        k.bias_act(y, self.bias.data, self.relu)
+        self._x, self._y = x, y
+        return y
+
+    def backward(self, grad_y, need_input_grad=True):
+        k, x = self.kernels, self._x
+        g = grad_y                                                      # (B, out)
+        if self.relu:
+            g = self.workspace("g", grad_y.shape)
+            k.relu_backward(self._y, grad_y, g)
+        grad_w, acc = self.weight.grad_target()                         # (out, in)
+        k.gemm(g, x, grad_w, trans_a=True, accumulate=acc)
+        grad_b, acc = self.bias.grad_target()                           # (out,)
+        if not acc:
+            k.fill(grad_b, 0)
+        k.bias_grad(g, grad_b)
+        if not need_input_grad:
+            return None
+        grad_x = self.workspace("grad_x", x.shape)                      # (B, in)
+        k.gemm(g, self.weight.data, grad_x)
+        return grad_x
+
+    def __repr__(self):
+        return f"Linear({self.in_features}, {self.out_features}, relu={self.relu})"
+
+
+class ReLU(Layer):
+    def forward(self, x):
+        self._y = self.workspace("y", x.shape)
+        self.kernels.relu(x, self._y)
+        return self._y
+
+    def backward(self, grad_y, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        grad_x = self.workspace("grad_x", grad_y.shape)
+        self.kernels.relu_backward(self._y, grad_y, grad_x)
+        return grad_x
+
+    def __repr__(self):
+        return "ReLU()"
+
+
+class Flatten(Layer):
+    """(B, C, H, W) -> (B, C*H*W): a reshape of the contiguous input, no copy."""
+
+    def forward(self, x):
+        self._shape = tuple(x.shape)
+        features = 1
+        for d in self._shape[1:]:
+            features *= d
+        return x.reshape((self._shape[0], features))
+
+    def backward(self, grad_y, need_input_grad=True):
+        return grad_y.reshape(self._shape) if need_input_grad else None
+
+    def __repr__(self):
+        return "Flatten()"
+
+
+class Conv2D(Layer):
+    """2-D convolution as im2col + one GEMM; W (out_c, in_c, k, k), square kernel.
+
+    Forward: cols (N*OH*OW, C*K*K) = im2col(x); rows (N*OH*OW, OC) = cols @ W.T (+b, ReLU);
+    y (N, OC, OH, OW) = transpose of rows. Backward runs the same path in reverse, reusing the cols
+    buffer for d(cols) once the weight gradient has consumed it.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, relu=False,
+                 seed=0, dtype=np.float32, kernels=None, init=None):
+        super().__init__(kernels, dtype)
+        _check_positive("in_channels", in_channels)
+        _check_positive("out_channels", out_channels)
+        _check_positive("kernel_size", kernel_size)
+        _check_positive("stride", stride)
+        if not isinstance(padding, (int, np.integer)) or padding < 0:
+            raise ValueError(f"padding must be a non-negative integer, got {padding!r}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.relu = bool(relu)
+        fan_in = in_channels * kernel_size * kernel_size
+        fan_out = out_channels * kernel_size * kernel_size
+        scheme = init or ("he" if relu else "glorot")
+        w = init_weight(_rng(seed), (out_channels, in_channels, kernel_size, kernel_size),
+                        fan_in, fan_out, scheme)
+        self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
+        self.bias = self._params["bias"] = Parameter(np.zeros(out_channels, self.dtype),
+                                                     self.kernels)
+
+    def output_hw(self, h, w):
+        k, s, p = self.kernel_size, self.stride, self.padding
+        oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        if oh <= 0 or ow <= 0:
+            raise ValueError(f"Conv2D kernel {k} (padding {p}) does not fit input {h}x{w}")
+        return oh, ow
+
+    def forward(self, x):
+        self._check_input(x, 4, f"(N, {self.in_channels}, H, W)")
+        n, c, h, w = x.shape
+        if c != self.in_channels:
+            raise ValueError(f"Conv2D expects {self.in_channels} input channels, got {c} "
+                             f"(input shape {tuple(x.shape)})")
+        k, ks = self.kernels, self.kernel_size
+        oh, ow = self.output_hw(h, w)
+        rows = n * oh * ow
+        cols = self.workspace("cols", (rows, c * ks * ks))              # (N*OH*OW, C*K*K)
+        k.im2col(x, cols, ks, ks, self.stride, self.padding)
+        y_rows = self.workspace("y_rows", (rows, self.out_channels))    # (N*OH*OW, OC)
+        k.gemm(cols, self._w2d(self.weight.data), y_rows, trans_b=True)
+        k.bias_act(y_rows, self.bias.data, self.relu)
+        y = self.workspace("y", (n, self.out_channels, oh, ow))        # (N, OC, OH, OW)
+        k.nhwc_to_nchw(y_rows, y)
+        self._x_shape, self._cols, self._y_rows = tuple(x.shape), cols, y_rows
+        return y
+
+    def _w2d(self, w):
+        return w.reshape((self.out_channels, self.in_channels * self.kernel_size ** 2))
+
+    def backward(self, grad_y, need_input_grad=True):
+        k, ks = self.kernels, self.kernel_size
+        g = self.workspace("g_rows", self._y_rows.shape)               # (N*OH*OW, OC)
+        k.nchw_to_nhwc(grad_y, g)
+        if self.relu:
+            k.relu_backward(self._y_rows, g, g)
+        grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
+        k.gemm(g, self._cols, self._w2d(grad_w), trans_a=True, accumulate=acc)
+        grad_b, acc = self.bias.grad_target()
+        if not acc:
+            k.fill(grad_b, 0)
+        k.bias_grad(g, grad_b)
+        if not need_input_grad:
+            return None
+        d_cols = self._cols                                             # (N*OH*OW, C*K*K)
+        k.gemm(g, self._w2d(self.weight.data), d_cols)
+        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
+        k.col2im(d_cols, grad_x, ks, ks, self.stride, self.padding)
+        return grad_x
+
+    def __repr__(self):
+        return (f"Conv2D({self.in_channels}, {self.out_channels}, {self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, relu={self.relu})")
+
+
+class MaxPool2D(Layer):
+    """Max over k x k windows (stride defaults to k); remembers the argmax for backward."""
+
+    def __init__(self, kernel_size, stride=None, kernels=None, dtype=np.float32):
+        super().__init__(kernels, dtype)
+        _check_positive("kernel_size", kernel_size)
+        stride = kernel_size if stride is None else stride
+        _check_positive("stride", stride)
+        self.kernel_size, self.stride = kernel_size, stride
+
+    def forward(self, x):
+        self._check_input(x, 4, "(N, C, H, W)")
+        n, c, h, w = x.shape
+        ks, s = self.kernel_size, self.stride
+        if h < ks or w < ks:
+            raise ValueError(f"MaxPool2D window {ks} does not fit input {h}x{w}")
+        oh, ow = (h - ks) // s + 1, (w - ks) // s + 1
+        y = self.workspace("y", (n, c, oh, ow))                         # (N, C, OH, OW)
+        self._argmax = self.workspace("argmax", (n, c, oh, ow), np.int32)
+        self.kernels.maxpool_forward(x, y, self._argmax, ks, s)
+        self._x_shape = tuple(x.shape)
+        return y
+
+    def backward(self, grad_y, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
+        self.kernels.maxpool_backward(grad_y, self._argmax, grad_x)
+        return grad_x
+
+    def __repr__(self):
+        return f"MaxPool2D({self.kernel_size}, stride={self.stride})"
+
+
+class Dropout(Layer):
+    """Inverted dropout: keep with probability 1-p and scale by 1/(1-p); identity in eval mode.
+
+    The mask comes from the backend's counter-based hash of (seed, index), with a fresh seed per
+    forward call drawn from this layer's own stream, so it is reproducible and the same on CPU/GPU.
+    """
+
+    def __init__(self, p=0.5, seed=0, kernels=None, dtype=np.float32):
+        super().__init__(kernels, dtype)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+        self.p = float(p)
+        self._base = int(_rng(seed).integers(0, 2 ** 32))
+        self.calls = 0
+
+    def next_seed(self):
+        seed = (self._base + self.calls * 0x9E3779B9) & 0xFFFFFFFF
+        self.calls += 1
+        return seed
+
+    def forward(self, x):
+        self._active = self.training and self.p > 0.0
+        if not self._active:
+            return x
+        y = self.workspace("y", x.shape)
+        self._mask = self.workspace("mask", x.shape)
+        self.kernels.dropout_forward(x, y, self._mask, self.p, self.next_seed())
+        return y
+
+    def backward(self, grad_y, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        if not self._active:
+            return grad_y
+        grad_x = self.workspace("grad_x", grad_y.shape)
+        self.kernels.dropout_backward(grad_y, self._mask, grad_x)
+        return grad_x
+
+    def __repr__(self):
+        return f"Dropout(p={self.p})"

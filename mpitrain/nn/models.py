@@ -1,0 +1,68 @@
+"""Model zoo: mlp (the PNNL DNN), lenet (TensorFlow's "deep MNIST" network), cifar_cnn (Keras's).
+
+Each builder draws all weights from one ``np.random.default_rng(seed)`` in layer order, so the same
+seed gives the same model on every process; hidden layers use He init (they feed a ReLU, fused into
+the layer), the output layer Glorot. Convolutions use "same" padding, as in the originals.
+"""
+import numpy as np
+
+from mpitrain.nn.layers import Conv2D, Flatten, Linear, MaxPool2D
+from mpitrain.nn.sequential import Sequential
+
+
+def _kw(seed, dtype, kernels):
+    return dict(seed=np.random.default_rng(seed), dtype=dtype, kernels=kernels)
+
+
+def mlp(in_features=784, hidden=(1024, 1024), classes=10, seed=0, dtype=np.float32, kernels=None):
+    """Linear+ReLU for each width in ``hidden``, then Linear to ``classes``; input (B, in)."""
+    kw = _kw(seed, dtype, kernels)
+    sizes = [in_features] + list(hidden)
+    layers = [Linear(a, b, relu=True, **kw) for a, b in zip(sizes, sizes[1:])]
+    layers.append(Linear(sizes[-1], classes, **kw))
+    return Sequential(*layers, input_shape=(in_features,))
+
+
+def lenet(classes=10, seed=0, dtype=np.float32, kernels=None):
+    """conv5x5-32, pool2, conv5x5-64, pool2, fc1024, fc classes on (B, 1, 28, 28)."""
+    kw = _kw(seed, dtype, kernels)
+    dk = dict(dtype=dtype, kernels=kernels)
+    return Sequential(
+        Conv2D(1, 32, 5, padding=2, relu=True, **kw),        # (B, 32, 28, 28)
+        MaxPool2D(2, **dk),                                  # (B, 32, 14, 14)
+        Conv2D(32, 64, 5, padding=2, relu=True, **kw),       # (B, 64, 14, 14)
+        MaxPool2D(2, **dk),                                  # (B, 64, 7, 7)
+        Flatten(**dk),                                       # (B, 3136)
+        Linear(64 * 7 * 7, 1024, relu=True, **kw),
+        Linear(1024, classes, **kw),
+        input_shape=(1, 28, 28))
+
+
+def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None):
+    """conv3x3-32 x2, pool2, conv3x3-64 x2, pool2, fc512, fc classes on (B, 3, 32, 32)."""
+    kw = _kw(seed, dtype, kernels)
+    dk = dict(dtype=dtype, kernels=kernels)
+    return Sequential(
+        Conv2D(3, 32, 3, padding=1, relu=True, **kw),        # (B, 32, 32, 32)
+        Conv2D(32, 32, 3, padding=1, relu=True, **kw),
+        MaxPool2D(2, **dk),                                  # (B, 32, 16, 16)
+        Conv2D(32, 64, 3, padding=1, relu=True, **kw),       # (B, 64, 16, 16)
+        Conv2D(64, 64, 3, padding=1, relu=True, **kw),
+        MaxPool2D(2, **dk),                                  # (B, 64, 8, 8)
+        Flatten(**dk),                                       # (B, 4096)
+        Linear(64 * 8 * 8, 512, relu=True, **kw),
+        Linear(512, classes, **kw),
+        input_shape=(3, 32, 32))
+
+
+_ZOO = {"mlp": mlp, "lenet": lenet, "cifar_cnn": cifar_cnn}
+
+
+def get(name, **kwargs):
+    """Build a zoo model by name ("mlp", "lenet", "cifar_cnn")."""
+    if name not in _ZOO:
+        raise ValueError(f"unknown model {name!r}; expected one of {sorted(_ZOO)}")
+    return _ZOO[name](**kwargs)
+
+
+names = tuple(_ZOO)

@@ -1,0 +1,32 @@
+"""SGD with momentum, Nesterov momentum and L2 weight decay, PyTorch's semantics.
+
+    g = grad + weight_decay * param
+    buf = momentum * buf + g            (buf starts at zeros, so step 1 gives buf = g)
+    g = g + momentum * buf  if nesterov else  buf
+    param -= lr * g
+"""
+from mpitrain.optim.optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    _hyper = ("momentum", "nesterov", "weight_decay")
+
+    def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
+        if not momentum >= 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum!r}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        if nesterov and momentum == 0:
+            raise ValueError("nesterov=True needs momentum > 0")
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.weight_decay = float(weight_decay)
+        super().__init__(params, lr)
+
+    def _active_buffers(self):
+        return ("momentum_buffer",) if self.momentum != 0 else ()
+
+    def _update(self, i, p):
+        buf = self.state["momentum_buffer"][i] if self.momentum != 0 else p.data
+        self.kernels.sgd_update(p.data, p.grad, buf, self.lr, self.momentum, self.nesterov,
+                                self.weight_decay)
