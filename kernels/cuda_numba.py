@@ -1,0 +1,718 @@
+"""CUDA backend, Numba flavour: ``numba.cuda.jit`` kernels for every name of the contract.
+
+Nothing here needs CuPy, so the whole training step (GEMM included) also runs under Numba's CUDA
+simulator (``NUMBA_ENABLE_CUDASIM=1``) on a machine without a GPU; that is how CI checks this file.
+Arrays are Numba device arrays; CuPy arrays (anything exposing ``__cuda_array_interface__``) are
+accepted too and wrapped with ``numba.cuda.as_cuda_array`` (zero copy). Host NumPy arrays are
+refused with a TypeError: Numba would silently copy them both ways on every launch, which hides
+bugs in the layer code and costs two PCIe transfers per kernel.
+
+Launch shape. Elementwise kernels are 1-D grid-stride loops over the flattened arrays, so one
+launch configuration (``_TPB`` threads x at most ``_MAX_BLOCKS`` blocks) is correct for any size.
+The simulator runs every thread as a Python thread, so there the configuration shrinks (32 x 2 and
+8 x 8 GEMM tiles); the kernels are the same code either way, only the launch differs.
+
+Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
+memory into one float64 partial, and the few partials are summed on the host in block order. The
+GEMM is the classic tiled shared-memory kernel (one output element per thread, ``_TILE`` x
+``_TILE`` tiles of op(a) and op(b) staged through shared memory; transposed operands are loaded
+with the thread index on the contiguous axis so global reads stay coalesced).
+"""
+import math
+
+import numpy as np
+from numba import config, cuda, float64, from_dtype
+
+name = "cuda-numba"
+
+_SIM = bool(config.ENABLE_CUDASIM)
+if not _SIM and not cuda.is_available():
+    raise ImportError("--kernels numba on --device cuda needs a CUDA GPU and driver "
+                      "(numba.cuda.is_available() is False); NUMBA_ENABLE_CUDASIM=1 runs the "
+                      "simulator instead")
+
+_TPB = 32 if _SIM else 256          # threads per block of the 1-D kernels (a power of two)
+_MAX_BLOCKS = 2 if _SIM else 2048   # grid-stride loops cover whatever is beyond
+_TILE = 8 if _SIM else 16           # GEMM tile edge (threads per block = _TILE**2)
+_OPS = ("sum", "min", "max", "prod")
+
+
+# --- Array plumbing -----------------------------------------------------------------------------
+
+def _dev(a):
+    """A Numba device array for ``a`` (zero-copy for CuPy arrays); refuse host arrays."""
+    if getattr(a, "__cuda_ndarray__", False):
+        return a
+    if hasattr(a, "__cuda_array_interface__") and hasattr(cuda, "as_cuda_array"):
+        return cuda.as_cuda_array(a)
+    raise TypeError(f"cuda-numba kernels need device arrays, got {type(a).__name__}; "
+                    "copy host data with kernels.to_device")
+
+
+def _flat(a):
+    """1-D view of a C-contiguous device array."""
+    a = _dev(a)
+    return a if a.ndim == 1 else a.reshape(a.size)
+
+
+def _grid(n):
+    """(blocks, threads) for a grid-stride loop over n items."""
+    return max(1, min((n + _TPB - 1) // _TPB, _MAX_BLOCKS)), _TPB
+
+
+def _same_size(dst, src, what):
+    if dst.size != src.size:
+        raise ValueError(f"{what}: sizes differ ({dst.size} vs {src.size})")
+
+
+def _scalar(a, value):
+    """``value`` in the array's float dtype, so fp32 kernels do not compute in fp64."""
+    return a.dtype.type(value) if a.dtype.kind == "f" else float(value)
+
+
+# --- Memory -------------------------------------------------------------------------------------
+
+def empty(shape, dtype=np.float32):
+    return cuda.device_array(shape, dtype=np.dtype(dtype))
+
+
+def zeros(shape, dtype=np.float32):
+    a = empty(shape, dtype)
+    fill(a, 0)
+    return a
+
+
+def to_device(host):
+    if getattr(host, "__cuda_ndarray__", False) or hasattr(host, "__cuda_array_interface__"):
+        host = to_host(host)
+    return cuda.to_device(np.ascontiguousarray(host))
+
+
+def to_host(a):
+    return _dev(a).copy_to_host()
+
+
+def synchronize():
+    cuda.synchronize()
+
+
+@cuda.jit
+def _fill_k(a, value):
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        a[i] = value
+
+
+def fill(a, value):
+    a = _flat(a)
+    if a.size:
+        _fill_k[_grid(a.size)](a, a.dtype.type(value))
+
+
+@cuda.jit
+def _copy_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = src[i]
+
+
+def copy(dst, src):
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "copy")
+    if dst.size:
+        _copy_k[_grid(dst.size)](dst, src)
+
+
+# cast is copy with conversion on store (e.g. float32 -> float16 for fp16 compression)
+def cast(dst, src):
+    copy(dst, src)
+
+
+@cuda.jit
+def _scale_k(a, factor):
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        a[i] = a[i] * factor
+
+
+def scale(a, factor):
+    a = _flat(a)
+    if a.size:
+        _scale_k[_grid(a.size)](a, _scalar(a, factor))
+
+
+@cuda.jit
+def _add_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = dst[i] + src[i]
+
+
+def add(dst, src):
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "add")
+    if dst.size:
+        _add_k[_grid(dst.size)](dst, src)
+
+
+_partials = {}
+
+
+def _partial_buffer(blocks):
+    """Per-block partial sums, cached so that steady-state reductions allocate nothing."""
+    if blocks not in _partials:
+        _partials[blocks] = cuda.device_array(blocks, dtype=np.float64)
+    return _partials[blocks]
+
+
+@cuda.jit(device=True)
+def _block_sum(acc, partials):
+    """Tree-reduce one float64 per thread into partials[blockIdx.x] (all threads must call)."""
+    buf = cuda.shared.array(_TPB, float64)
+    tid = cuda.threadIdx.x
+    buf[tid] = acc
+    cuda.syncthreads()
+    half = _TPB // 2
+    while half > 0:
+        if tid < half:
+            buf[tid] += buf[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        partials[cuda.blockIdx.x] = buf[0]
+
+
+@cuda.jit
+def _total_k(a, partials):
+    acc = float64(0.0)
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        acc += float64(a[i])
+    _block_sum(acc, partials)
+
+
+def total(a):
+    a = _flat(a)
+    if a.size == 0:
+        return 0.0
+    blocks, tpb = _grid(a.size)
+    partials = _partial_buffer(blocks)
+    _total_k[blocks, tpb](a, partials)
+    return float(partials.copy_to_host().sum())
+
+
+# --- GEMM ---------------------------------------------------------------------------------------
+
+def _make_gemm(dtype):
+    """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time)."""
+    nbt = from_dtype(np.dtype(dtype))
+    tile = _TILE
+
+    @cuda.jit
+    def gemm_k(a, b, out, trans_a, trans_b, accumulate):
+        # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N)
+        sa = cuda.shared.array((tile, tile + 1), nbt)     # sa[i, k] = op(a)[row0 + i, k0 + k]
+        sb = cuda.shared.array((tile, tile + 1), nbt)     # sb[k, j] = op(b)[k0 + k, col0 + j]
+        m, n = out.shape
+        kdim = a.shape[0] if trans_a else a.shape[1]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row0 = cuda.blockIdx.y * tile
+        col0 = cuda.blockIdx.x * tile
+        acc = nbt(0)
+        for k0 in range(0, kdim, tile):
+            # op(a) tile; for trans_a read a[k, i] with tx on a's contiguous axis
+            if trans_a:
+                r, kk = row0 + tx, k0 + ty
+                sa[tx, ty] = a[kk, r] if (r < m and kk < kdim) else nbt(0)
+            else:
+                r, kk = row0 + ty, k0 + tx
+                sa[ty, tx] = a[r, kk] if (r < m and kk < kdim) else nbt(0)
+            # op(b) tile; for trans_b read b[j, k] with tx on b's contiguous axis
+            if trans_b:
+                c, kk = col0 + ty, k0 + tx
+                sb[tx, ty] = b[c, kk] if (c < n and kk < kdim) else nbt(0)
+            else:
+                c, kk = col0 + tx, k0 + ty
+                sb[ty, tx] = b[kk, c] if (c < n and kk < kdim) else nbt(0)
+            cuda.syncthreads()
+            for k in range(tile):
+                acc += sa[ty, k] * sb[k, tx]
+            cuda.syncthreads()
+        r = row0 + ty
+        c = col0 + tx
+        if r < m and c < n:
+            if accumulate:
+                out[r, c] += acc
+            else:
+                out[r, c] = acc
+
+    return gemm_k
+
+
+_gemm_kernels = {}
+
+
+def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
+    a, b, out = _dev(a), _dev(b), _dev(out)
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
+        raise ValueError(f"gemm needs 2-D arrays, got {a.shape}, {b.shape}, {out.shape}")
+    m, ka = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if ka != kb or out.shape != (m, n):
+        raise ValueError(f"gemm shapes do not match: op(a) {(m, ka)} @ op(b) {(kb, n)} "
+                         f"-> out {out.shape}")
+    if m == 0 or n == 0:
+        return
+    key = np.dtype(out.dtype).str
+    if key not in _gemm_kernels:
+        _gemm_kernels[key] = _make_gemm(out.dtype)
+    blocks = ((n + _TILE - 1) // _TILE, (m + _TILE - 1) // _TILE)
+    _gemm_kernels[key][blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
+                                                bool(accumulate))
+
+
+# --- Dense layers -------------------------------------------------------------------------------
+
+@cuda.jit
+def _bias_act_k(y, bias, relu):
+    f = bias.size
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        v = y[i] + bias[i % f]
+        if relu and v < 0:
+            v = 0
+        y[i] = v
+
+
+def bias_act(y, bias, relu):
+    y2, bias = _dev(y), _flat(bias)
+    if y2.ndim != 2 or y2.shape[1] != bias.size:
+        raise ValueError(f"bias_act: y {y2.shape} does not match bias ({bias.size},)")
+    if y2.size:
+        _bias_act_k[_grid(y2.size)](_flat(y2), bias, bool(relu))
+
+
+@cuda.jit
+def _relu_k(x, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        out[i] = v if v > 0 else 0
+
+
+def relu(x, out):
+    x, out = _flat(x), _flat(out)
+    _same_size(out, x, "relu")
+    if x.size:
+        _relu_k[_grid(x.size)](x, out)
+
+
+@cuda.jit
+def _relu_backward_k(y, grad_out, grad_in):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        grad_in[i] = grad_out[i] if y[i] > 0 else 0
+
+
+def relu_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    _same_size(grad_out, y, "relu_backward")
+    _same_size(grad_in, y, "relu_backward")
+    if y.size:
+        _relu_backward_k[_grid(y.size)](y, grad_out, grad_in)
+
+
+@cuda.jit
+def _bias_grad_k(grad_out, grad_bias):
+    # one thread per feature: neighbouring threads read neighbouring columns (coalesced)
+    rows, feats = grad_out.shape
+    for f in range(cuda.grid(1), feats, cuda.gridsize(1)):
+        acc = grad_bias[f] * 0
+        for r in range(rows):
+            acc += grad_out[r, f]
+        grad_bias[f] += acc
+
+
+def bias_grad(grad_out, grad_bias):
+    grad_out, grad_bias = _dev(grad_out), _flat(grad_bias)
+    if grad_out.ndim != 2 or grad_out.shape[1] != grad_bias.size:
+        raise ValueError(f"bias_grad: grad_out {grad_out.shape} does not match "
+                         f"grad_bias ({grad_bias.size},)")
+    if grad_bias.size:
+        _bias_grad_k[_grid(grad_bias.size)](grad_out, grad_bias)
+
+
+# --- Loss ---------------------------------------------------------------------------------------
+
+@cuda.jit
+def _softmax_xent_k(logits, labels, grad, losses):
+    rows, k = logits.shape
+    inv_rows = 1.0 / rows
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        top = logits[r, 0]
+        for j in range(1, k):
+            top = max(top, logits[r, j])
+        s = 0.0
+        for j in range(k):
+            s += math.exp(logits[r, j] - top)
+        label = labels[r]
+        losses[r] = top + math.log(s) - logits[r, label]
+        for j in range(k):
+            p = math.exp(logits[r, j] - top) / s
+            if j == label:
+                p -= 1.0
+            grad[r, j] = p * inv_rows
+
+
+def softmax_xent(logits, labels, grad, losses):
+    logits, labels, grad, losses = _dev(logits), _flat(labels), _dev(grad), _flat(losses)
+    if logits.ndim != 2 or labels.size != logits.shape[0] or grad.shape != logits.shape:
+        raise ValueError(f"softmax_xent: logits {logits.shape}, labels ({labels.size},), "
+                         f"grad {grad.shape} do not match")
+    if logits.shape[0]:
+        _softmax_xent_k[_grid(logits.shape[0])](logits, labels, grad, losses)
+
+
+@cuda.jit
+def _count_correct_k(logits, labels, partials):
+    rows, k = logits.shape
+    hits = float64(0.0)
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        best = 0
+        for j in range(1, k):
+            if logits[r, j] > logits[r, best]:      # first maximum wins, like numpy.argmax
+                best = j
+        if best == labels[r]:
+            hits += 1.0
+    _block_sum(hits, partials)
+
+
+def count_correct(logits, labels):
+    logits, labels = _dev(logits), _flat(labels)
+    if logits.shape[0] == 0:
+        return 0
+    blocks, tpb = _grid(logits.shape[0])
+    partials = _partial_buffer(blocks)
+    _count_correct_k[blocks, tpb](logits, labels, partials)
+    return int(round(partials.copy_to_host().sum()))
+
+
+# --- Convolution --------------------------------------------------------------------------------
+
+def _out_size(size, k, stride, pad):
+    return (size + 2 * pad - k) // stride + 1
+
+
+@cuda.jit
+def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
+    n_, c_n, h_n, w_n = x.shape
+    ck = cols.shape[1]
+    total_ = cols.shape[0] * ck
+    for i in range(cuda.grid(1), total_, cuda.gridsize(1)):
+        row = i // ck
+        col = i - row * ck
+        n = row // (oh_n * ow_n)
+        rem = row - n * (oh_n * ow_n)
+        oh = rem // ow_n
+        ow = rem - oh * ow_n
+        c = col // (kh * kw)
+        rem = col - c * (kh * kw)
+        ki = rem // kw
+        kj = rem - ki * kw
+        h = oh * stride - pad + ki
+        w = ow * stride - pad + kj
+        if 0 <= h < h_n and 0 <= w < w_n:
+            cols[row, col] = x[n, c, h, w]
+        else:
+            cols[row, col] = 0
+
+
+def im2col(x, cols, kh, kw, stride, pad):
+    x, cols = _dev(x), _dev(cols)
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    if cols.shape != (n * oh * ow, c * kh * kw):
+        raise ValueError(f"im2col: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    if cols.size:
+        _im2col_k[_grid(cols.size)](x, cols, kh, kw, stride, pad, oh, ow)
+
+
+@cuda.jit
+def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n):
+    # gather (one thread per input pixel) instead of scatter: no atomics, deterministic sums
+    n_n, c_n, h_n, w_n = dx.shape
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        w = i % w_n
+        h = (i // w_n) % h_n
+        c = (i // (w_n * h_n)) % c_n
+        n = i // (w_n * h_n * c_n)
+        acc = dx[n, c, h, w] * 0
+        for ki in range(kh):
+            th = h + pad - ki
+            if th < 0 or th % stride != 0:
+                continue
+            oh = th // stride
+            if oh >= oh_n:
+                continue
+            for kj in range(kw):
+                tw = w + pad - kj
+                if tw < 0 or tw % stride != 0:
+                    continue
+                ow = tw // stride
+                if ow >= ow_n:
+                    continue
+                acc += cols[(n * oh_n + oh) * ow_n + ow, (c * kh + ki) * kw + kj]
+        dx[n, c, h, w] = acc
+
+
+def col2im(cols, dx, kh, kw, stride, pad):
+    cols, dx = _dev(cols), _dev(dx)
+    n, c, h, w = dx.shape
+    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    if cols.shape != (n * oh * ow, c * kh * kw):
+        raise ValueError(f"col2im: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    if dx.size:
+        _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow)
+
+
+@cuda.jit
+def _nhwc_to_nchw_k(src, dst):
+    n_n, c_n, h_n, w_n = dst.shape
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        w = i % w_n
+        h = (i // w_n) % h_n
+        c = (i // (w_n * h_n)) % c_n
+        n = i // (w_n * h_n * c_n)
+        dst[n, c, h, w] = src[(n * h_n + h) * w_n + w, c]
+
+
+@cuda.jit
+def _nchw_to_nhwc_k(src, dst):
+    n_n, c_n, h_n, w_n = src.shape
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        c = i % c_n
+        pix = i // c_n
+        w = pix % w_n
+        h = (pix // w_n) % h_n
+        n = pix // (w_n * h_n)
+        dst[pix, c] = src[n, c, h, w]
+
+
+def nhwc_to_nchw(src, dst):
+    src, dst = _dev(src), _dev(dst)
+    n, c, h, w = dst.shape
+    if src.shape != (n * h * w, c):
+        raise ValueError(f"nhwc_to_nchw: src {src.shape} != {(n * h * w, c)}")
+    if dst.size:
+        _nhwc_to_nchw_k[_grid(dst.size)](src, dst)
+
+
+def nchw_to_nhwc(src, dst):
+    src, dst = _dev(src), _dev(dst)
+    n, c, h, w = src.shape
+    if dst.shape != (n * h * w, c):
+        raise ValueError(f"nchw_to_nhwc: dst {dst.shape} != {(n * h * w, c)}")
+    if dst.size:
+        _nchw_to_nhwc_k[_grid(dst.size)](src, dst)
+
+
+# --- Pooling and dropout ------------------------------------------------------------------------
+
+@cuda.jit
+def _maxpool_forward_k(x, y, argmax, k, stride):
+    n_n, c_n, h_n, w_n = x.shape
+    oh_n, ow_n = y.shape[2], y.shape[3]
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        ow = i % ow_n
+        oh = (i // ow_n) % oh_n
+        c = (i // (ow_n * oh_n)) % c_n
+        n = i // (ow_n * oh_n * c_n)
+        h0 = oh * stride
+        w0 = ow * stride
+        best = x[n, c, h0, w0]
+        where = h0 * w_n + w0
+        for h in range(h0, h0 + k):
+            for w in range(w0, w0 + k):
+                v = x[n, c, h, w]
+                if v > best:                          # first maximum wins (row-major)
+                    best = v
+                    where = h * w_n + w
+        y[n, c, oh, ow] = best
+        argmax[n, c, oh, ow] = where
+
+
+def maxpool_forward(x, y, argmax, k, stride):
+    x, y, argmax = _dev(x), _dev(y), _dev(argmax)
+    n, c, h, w = x.shape
+    expect = (n, c, (h - k) // stride + 1, (w - k) // stride + 1)
+    if y.shape != expect or argmax.shape != expect:
+        raise ValueError(f"maxpool_forward: y {y.shape} / argmax {argmax.shape} != {expect}")
+    if y.size:
+        _maxpool_forward_k[_grid(y.size)](x, y, argmax, k, stride)
+
+
+@cuda.jit
+def _maxpool_backward_k(grad_y, argmax, grad_x, hw_in, hw_out):
+    # windows may overlap (stride < k), so routed gradients are added atomically
+    for i in range(cuda.grid(1), grad_y.size, cuda.gridsize(1)):
+        plane = i // hw_out
+        cuda.atomic.add(grad_x, plane * hw_in + argmax[i], grad_y[i])
+
+
+def maxpool_backward(grad_y, argmax, grad_x):
+    grad_y, argmax, grad_x = _dev(grad_y), _dev(argmax), _dev(grad_x)
+    if grad_y.shape != argmax.shape or grad_y.shape[:2] != grad_x.shape[:2]:
+        raise ValueError(f"maxpool_backward: grad_y {grad_y.shape}, argmax {argmax.shape}, "
+                         f"grad_x {grad_x.shape} do not match")
+    fill(grad_x, 0)
+    if grad_y.size:
+        hw_in = grad_x.shape[2] * grad_x.shape[3]
+        hw_out = grad_y.shape[2] * grad_y.shape[3]
+        _maxpool_backward_k[_grid(grad_y.size)](_flat(grad_y), _flat(argmax), _flat(grad_x),
+                                                 hw_in, hw_out)
+
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _mix32_host(x):
+    """lowbias32 on a Python int (the seed's hash is taken once on the host)."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@cuda.jit(device=True)
+def _mix32(x):
+    """lowbias32 (the contract's exact dropout hash), on a uint64 holding a uint32."""
+    x = x & _MASK32
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & _MASK32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & _MASK32
+    return x ^ (x >> np.uint64(16))
+
+
+@cuda.jit
+def _dropout_forward_k(x, y, mask, threshold, keep_scale, seed_hash):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        h = _mix32(_mix32(np.uint64(i)) ^ seed_hash)
+        m = keep_scale if (h >> np.uint64(8)) >= threshold else keep_scale * 0
+        mask[i] = m
+        y[i] = x[i] * m
+
+
+def dropout_threshold(p):
+    """Keep iff the hash's top 24 bits reach int(p * 2**24): the same test on every backend."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+    return int(p * 16777216.0)
+
+
+def dropout_forward(x, y, mask, p, seed):
+    x, y, mask = _flat(x), _flat(y), _flat(mask)
+    _same_size(y, x, "dropout_forward")
+    _same_size(mask, x, "dropout_forward")
+    threshold = np.uint64(dropout_threshold(p))
+    seed_hash = np.uint64(_mix32_host(int(seed)))
+    if x.size:
+        _dropout_forward_k[_grid(x.size)](x, y, mask, threshold,
+                                          _scalar(mask, 1.0 / (1.0 - p)), seed_hash)
+
+
+@cuda.jit
+def _mul_k(a, b, out):
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        out[i] = a[i] * b[i]
+
+
+def dropout_backward(grad_y, mask, grad_x):
+    grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
+    _same_size(mask, grad_y, "dropout_backward")
+    if grad_y.size:
+        _mul_k[_grid(grad_y.size)](grad_y, mask, grad_x)
+
+
+# --- Optimizer updates --------------------------------------------------------------------------
+
+@cuda.jit
+def _sgd_k(param, grad, buf, lr, momentum, nesterov, weight_decay):
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        g = grad[i] + weight_decay * param[i]
+        if momentum != 0:
+            b = momentum * buf[i] + g
+            buf[i] = b
+            g = g + momentum * b if nesterov else b
+        param[i] = param[i] - lr * g
+
+
+def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
+    # buf is unused (and may be None) without momentum
+    param, grad = _flat(param), _flat(grad)
+    buf = _flat(buf) if momentum != 0 else param
+    _same_size(grad, param, "sgd_update")
+    if param.size:
+        s = lambda v: _scalar(param, v)  # noqa: E731
+        _sgd_k[_grid(param.size)](param, grad, buf, s(lr), s(momentum), bool(nesterov),
+                                  s(weight_decay))
+
+
+@cuda.jit
+def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, weight_decay, inv_sqrt_bc2):
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        g = grad[i] + weight_decay * param[i]
+        mi = beta1 * m[i] + (1 - beta1) * g
+        vi = beta2 * v[i] + (1 - beta2) * g * g
+        m[i] = mi
+        v[i] = vi
+        param[i] = param[i] - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
+
+
+def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    param, grad, m, v = _flat(param), _flat(grad), _flat(m), _flat(v)
+    _same_size(grad, param, "adam_update")
+    if step < 1:
+        raise ValueError(f"adam_update: step is 1-based, got {step}")
+    if param.size:
+        # PyTorch: step_size = lr / (1 - b1^t); denom = sqrt(v) / sqrt(1 - b2^t) + eps
+        s = lambda x: _scalar(param, x)  # noqa: E731
+        _adam_k[_grid(param.size)](param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1),
+                                   s(beta2), s(eps), s(weight_decay),
+                                   s(1 / math.sqrt(1 - beta2 ** step)))
+
+
+# --- Collective reductions ----------------------------------------------------------------------
+
+@cuda.jit
+def _reduce_sum_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = dst[i] + src[i]
+
+
+@cuda.jit
+def _reduce_min_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        if src[i] < dst[i]:
+            dst[i] = src[i]
+
+
+@cuda.jit
+def _reduce_max_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        if src[i] > dst[i]:
+            dst[i] = src[i]
+
+
+@cuda.jit
+def _reduce_prod_k(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = dst[i] * src[i]
+
+
+_REDUCE = {"sum": _reduce_sum_k, "min": _reduce_min_k, "max": _reduce_max_k,
+           "prod": _reduce_prod_k}
+
+
+def reduce_into(dst, src, op):
+    if op not in _REDUCE:
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {list(_OPS)}")
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "reduce_into")
+    if dst.size:
+        _REDUCE[op][_grid(dst.size)](dst, src)

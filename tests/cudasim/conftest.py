@@ -1,0 +1,21 @@
+"""tests/cudasim: the Numba CUDA backend under NUMBA_ENABLE_CUDASIM=1 (or on a real GPU).
+
+Without the simulator flag and without a GPU, kernels/cuda_numba.py refuses to import and every
+test here is skipped with that one-line reason.
+"""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def dev():
+    try:
+        from mpitrain.kernels import cuda_numba
+    except ImportError as exc:
+        pytest.skip(f"cuda-numba backend unavailable: {exc}")
+    return cuda_numba
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    from mpitrain.kernels import cpu
+    return cpu

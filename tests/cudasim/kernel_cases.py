@@ -1,0 +1,160 @@
+"""Kernel cases shared by the device backends' tests: one backend against kernels/cpu.py.
+
+Each case builds host arguments from a seeded generator; ``run_case`` gives the CPU kernel NumPy
+copies and the device kernel ``to_device`` copies of the same arrays, then compares every array
+argument afterwards (outputs and in-place updates alike) and the return value. Shapes are tiny
+(the CUDA simulator runs one Python thread per GPU thread) but cross the simulator's block and
+GEMM-tile edges (32 threads x 2 blocks, 8 x 8 tiles), so grid-stride loops and partial tiles run.
+Used by tests/cudasim (Numba CUDA under NUMBA_ENABLE_CUDASIM=1) and tests/gpu (CuPy).
+"""
+import numpy as np
+import pytest
+
+F32 = dict(rtol=2e-5, atol=1e-6)
+F64 = dict(rtol=1e-12, atol=1e-12)
+EXACT = dict(rtol=0, atol=0)
+
+
+def _r(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _conv_out(h, k, s, p):
+    return (h + 2 * p - k) // s + 1
+
+
+def _cases():
+    """(id, kernel name, builder(rng) -> args, tolerance)."""
+    c = []
+    c.append(("fill", "fill", lambda g: [_r(g, 5, 7), 3.5], EXACT))
+    c.append(("copy", "copy", lambda g: [_r(g, 37), _r(g, 37)], EXACT))
+    c.append(("copy-2d", "copy", lambda g: [_r(g, 4, 9), _r(g, 4, 9)], EXACT))
+    c.append(("scale", "scale", lambda g: [_r(g, 70), 0.25], F32))
+    c.append(("add", "add", lambda g: [_r(g, 70), _r(g, 70)], F32))
+    c.append(("add-f64", "add", lambda g: [_r(g, 9, dtype=np.float64),
+                                           _r(g, 9, dtype=np.float64)], F64))
+    c.append(("cast-f16", "cast", lambda g: [np.zeros(37, np.float16), _r(g, 37)], EXACT))
+    c.append(("cast-f32", "cast", lambda g: [np.zeros(37, np.float32),
+                                             _r(g, 37).astype(np.float16)], EXACT))
+    c.append(("total", "total", lambda g: [_r(g, 3, 50)], dict(rtol=1e-9, atol=1e-9)))
+    c.append(("total-empty", "total", lambda g: [np.zeros(0, np.float32)], EXACT))
+    for ta in (False, True):
+        for tb in (False, True):
+            for acc in (False, True):
+                def gemm_args(g, ta=ta, tb=tb, acc=acc):
+                    m, k, n = 13, 11, 9              # > one 8x8 tile in every dimension
+                    a = _r(g, k, m) if ta else _r(g, m, k)
+                    b = _r(g, n, k) if tb else _r(g, k, n)
+                    return [a, b, _r(g, m, n), ta, tb, acc]
+                c.append((f"gemm-ta{int(ta)}-tb{int(tb)}-acc{int(acc)}", "gemm", gemm_args,
+                          dict(rtol=1e-4, atol=1e-5)))
+    c.append(("gemm-f64", "gemm", lambda g: [_r(g, 3, 17, dtype=np.float64),
+                                             _r(g, 17, 5, dtype=np.float64),
+                                             np.zeros((3, 5)), False, False, False], F64))
+    c.append(("bias_act", "bias_act", lambda g: [_r(g, 5, 7), _r(g, 7), False], F32))
+    c.append(("bias_act-relu", "bias_act", lambda g: [_r(g, 9, 8), _r(g, 8), True], F32))
+    c.append(("relu", "relu", lambda g: [_r(g, 6, 11), _r(g, 6, 11)], EXACT))
+
+    def relu_bw(g):
+        y = np.maximum(_r(g, 6, 11), 0)                  # a ReLU output: zeros included
+        return [y, _r(g, 6, 11), _r(g, 6, 11)]
+    c.append(("relu_backward", "relu_backward", relu_bw, EXACT))
+    c.append(("bias_grad", "bias_grad", lambda g: [_r(g, 6, 5), _r(g, 5)], F32))
+
+    def xent(g, shift=0.0):
+        logits = _r(g, 5, 4) * 3 + shift                 # (B, K)
+        labels = g.integers(0, 4, size=5).astype(np.int64)
+        return [logits, labels, _r(g, 5, 4), _r(g, 5)]
+    c.append(("softmax_xent", "softmax_xent", xent, dict(rtol=1e-5, atol=1e-6)))
+    c.append(("softmax_xent-large", "softmax_xent", lambda g: xent(g, 1000.0),
+              dict(rtol=1e-4, atol=1e-5)))
+
+    def correct(g):
+        logits = np.round(_r(g, 70, 4))                  # rounding makes ties: first max wins
+        return [logits, g.integers(0, 4, size=70).astype(np.int64)]
+    c.append(("count_correct", "count_correct", correct, EXACT))
+    for k, s, p in ((3, 1, 1), (2, 2, 0), (3, 2, 1)):
+        def i2c(g, k=k, s=s, p=p):
+            n, ch, h, w = 2, 3, 5, 6
+            oh, ow = _conv_out(h, k, s, p), _conv_out(w, k, s, p)
+            return [_r(g, n, ch, h, w), _r(g, n * oh * ow, ch * k * k), k, k, s, p]
+
+        def c2i(g, k=k, s=s, p=p):
+            n, ch, h, w = 2, 3, 5, 6
+            oh, ow = _conv_out(h, k, s, p), _conv_out(w, k, s, p)
+            return [_r(g, n * oh * ow, ch * k * k), _r(g, n, ch, h, w), k, k, s, p]
+        c.append((f"im2col-k{k}s{s}p{p}", "im2col", i2c, EXACT))
+        c.append((f"col2im-k{k}s{s}p{p}", "col2im", c2i, F32))
+    c.append(("nhwc_to_nchw", "nhwc_to_nchw", lambda g: [_r(g, 2 * 2 * 3, 3),
+                                                         _r(g, 2, 3, 2, 3)], EXACT))
+    c.append(("nchw_to_nhwc", "nchw_to_nhwc", lambda g: [_r(g, 2, 3, 2, 3),
+                                                         _r(g, 2 * 2 * 3, 3)], EXACT))
+    for k, s in ((2, 2), (3, 1), (3, 2)):
+        def pool(g, k=k, s=s):
+            n, ch, h, w = 2, 2, 5, 7
+            oh, ow = (h - k) // s + 1, (w - k) // s + 1
+            x = np.round(_r(g, n, ch, h, w))             # ties: the first maximum wins
+            return [x, _r(g, n, ch, oh, ow), np.zeros((n, ch, oh, ow), np.int32), k, s]
+
+        def pool_bw(g, k=k, s=s):
+            x, y, arg, _, _ = pool(g)
+            from mpitrain.kernels import cpu
+            cpu.maxpool_forward(x, y, arg, k, s)
+            return [_r(g, *y.shape), arg, _r(g, *x.shape)]
+        c.append((f"maxpool_forward-k{k}s{s}", "maxpool_forward", pool, EXACT))
+        c.append((f"maxpool_backward-k{k}s{s}", "maxpool_backward", pool_bw, F32))
+    for p, seed in ((0.3, 1234567), (0.5, 2**40 + 17), (0.0, 5)):
+        c.append((f"dropout_forward-p{p}", "dropout_forward",
+                  lambda g, p=p, seed=seed: [_r(g, 100), _r(g, 100), _r(g, 100), p, seed],
+                  EXACT))
+
+    def drop_bw(g):
+        mask = (g.random(50) > 0.4).astype(np.float32) / np.float32(0.6)
+        return [_r(g, 50), mask, _r(g, 50)]
+    c.append(("dropout_backward", "dropout_backward", drop_bw, EXACT))
+    for mom, nest, wd in ((0.9, False, 0.0), (0.9, True, 0.01), (0.0, False, 0.1)):
+        c.append((f"sgd_update-m{mom}-n{int(nest)}-wd{wd}", "sgd_update",
+                  lambda g, mom=mom, nest=nest, wd=wd: [_r(g, 4, 17), _r(g, 4, 17),
+                                                        _r(g, 4, 17), 0.1, mom, nest, wd],
+                  F32))
+    for step, wd in ((1, 0.0), (3, 0.01)):
+        c.append((f"adam_update-step{step}", "adam_update",
+                  lambda g, step=step, wd=wd: [_r(g, 70), _r(g, 70), _r(g, 70) * 0.1,
+                                               np.abs(_r(g, 70)) * 0.01, 1e-3, 0.9, 0.999,
+                                               1e-8, wd, step], dict(rtol=1e-5, atol=1e-6)))
+    for op in ("sum", "min", "max", "prod"):
+        for dt in (np.float32, np.float64, np.int32, np.int64):
+            def red(g, op=op, dt=dt):
+                return [(_r(g, 67) * 10).astype(dt), (_r(g, 67) * 10).astype(dt), op]
+            c.append((f"reduce_into-{op}-{np.dtype(dt).name}", "reduce_into", red, F32))
+    c.append(("reduce_into-sum-float16", "reduce_into",
+              lambda g: [_r(g, 33).astype(np.float16), _r(g, 33).astype(np.float16), "sum"],
+              EXACT))
+    return c
+
+
+CASES = [pytest.param(name, build, tol, id=cid) for cid, name, build, tol in _cases()]
+KERNEL_NAMES = sorted({name for _, name, _, _ in _cases()})
+
+
+def run_case(cpu, dev, name, build, tol, seed=0):
+    """Run kernel ``name`` on both backends from the same host arguments and compare all arrays."""
+    if not hasattr(cpu, name):
+        pytest.skip(f"kernels/cpu.py has no {name} yet")
+    args = build(np.random.default_rng(seed))
+    host = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    on_dev = [dev.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    want = getattr(cpu, name)(*host)
+    got = getattr(dev, name)(*on_dev)
+    dev.synchronize()
+    if want is None:
+        assert got is None, f"{name} should return None, got {got!r}"
+    else:
+        assert type(got) is type(want), f"{name} returned {type(got)}, CPU {type(want)}"
+        np.testing.assert_allclose(got, want, **tol, err_msg=f"{name} return value")
+    for i, (h, d) in enumerate(zip(host, on_dev)):
+        if isinstance(h, np.ndarray):
+            out = dev.to_host(d)
+            assert out.dtype == h.dtype and out.shape == h.shape, f"{name} arg {i}"
+            np.testing.assert_allclose(out.astype(np.float64), h.astype(np.float64), **tol,
+                                       err_msg=f"{name}: argument {i} differs from the CPU")

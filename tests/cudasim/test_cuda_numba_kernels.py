@@ -1,0 +1,63 @@
+"""Every Numba CUDA kernel against the CPU kernel of the same name (see kernel_cases.py)."""
+import numpy as np
+import pytest
+
+from kernel_cases import CASES, KERNEL_NAMES, run_case
+
+CONTRACT = ["empty", "zeros", "to_device", "to_host", "synchronize"] + KERNEL_NAMES
+
+
+@pytest.mark.parametrize("name, build, tol", CASES)
+def test_kernel_matches_cpu(cpu, dev, name, build, tol):
+    run_case(cpu, dev, name, build, tol)
+
+
+def test_backend_has_every_contract_name(dev, cpu):
+    missing = [n for n in CONTRACT if not hasattr(dev, n)]
+    assert not missing, f"cuda_numba lacks {missing}"
+    cpu_only = [n for n in dir(cpu) if not n.startswith("_") and callable(getattr(cpu, n))
+                and n not in ("njit", "prange") and not hasattr(dev, n)]
+    assert not cpu_only, f"kernels/cpu.py has kernels cuda_numba lacks: {cpu_only}"
+    assert dev.name == "cuda-numba"
+
+
+def test_memory_helpers_round_trip(dev):
+    host = np.arange(12, dtype=np.float64).reshape(3, 4)       # (3, 4)
+    d = dev.to_device(host)
+    host[0, 0] = -1                                             # the device copy must not alias
+    assert d.shape == (3, 4) and d.dtype == np.float64
+    np.testing.assert_array_equal(dev.to_host(d)[0], [0, 1, 2, 3])
+    z = dev.zeros((2, 5), np.int64)
+    assert dev.to_host(z).tolist() == [[0] * 5] * 2
+    e = dev.empty((4,), np.float32)
+    assert e.shape == (4,) and e.dtype == np.float32
+    # the layer-facing array API of the contract: reshape and axis-0 slices
+    np.testing.assert_array_equal(dev.to_host(d.reshape(12)[:5]), [0, 1, 2, 3, 4])
+    assert dev.total(d[:2]) == 0 + 1 + 2 + 3 + 4 + 5 + 6 + 7
+
+
+def test_sgd_without_momentum_needs_no_buffer(cpu, dev):
+    rng = np.random.default_rng(3)
+    p, g = rng.standard_normal(10).astype(np.float32), rng.standard_normal(10).astype(np.float32)
+    want = p.copy()
+    cpu.sgd_update(want, g, None, 0.5, 0.0, False, 0.0)
+    d = dev.to_device(p)
+    dev.sgd_update(d, dev.to_device(g), None, 0.5, 0.0, False, 0.0)
+    np.testing.assert_allclose(dev.to_host(d), want, rtol=1e-6)
+
+
+def test_host_arrays_are_refused(dev):
+    with pytest.raises(TypeError, match="to_device"):
+        dev.fill(np.zeros(3, np.float32), 1.0)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda k: k.reduce_into(k.zeros(3), k.zeros(3), "mean"), "'mean'"),
+    (lambda k: k.gemm(k.zeros((2, 3)), k.zeros((2, 3)), k.zeros((2, 3))), r"\(2, 3\)"),
+    (lambda k: k.add(k.zeros(3), k.zeros(4)), "3 vs 4"),
+    (lambda k: k.dropout_forward(k.zeros(3), k.zeros(3), k.zeros(3), 1.0, 0), "1.0"),
+    (lambda k: k.adam_update(*[k.zeros(2)] * 4, 1e-3, 0.9, 0.999, 1e-8, 0, 0), "step"),
+])
+def test_bad_input_names_the_value(dev, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(dev)
