@@ -27,7 +27,13 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# Fashion-MNIST: nothing if already found (--data-dir/MPITRAIN_DATA, ~/.cache/mpitrain,
+# /usr/share/datasets); else Debian's dataset-fashion-mnist when apt-get and root are available;
+# else download from the official source with SHA-256 checks (python -m mpitrain.data fetch).
 data: venv
+	@$(PY) -m mpitrain.data info fashion-mnist 2>/dev/null || \
+	{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  apt-get install -y dataset-fashion-mnist; } || \
 	$(PY) -m mpitrain.data fetch fashion-mnist
 
 run: venv data

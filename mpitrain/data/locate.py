@@ -19,7 +19,8 @@ from pathlib import Path
 from mpitrain.data.catalog import spec as _spec
 from mpitrain.data.dataset import DataError
 
-__all__ = ["locate", "search_dirs", "dataset_files", "cache_root", "where_to_put", "SYSTEM_ROOT"]
+__all__ = ["locate", "search_dirs", "dataset_files", "cache_root", "home_dir", "where_to_put",
+           "SYSTEM_ROOT"]
 
 SYSTEM_ROOT = Path("/usr/share/datasets")
 ENV_VAR = "MPITRAIN_DATA"
@@ -29,6 +30,12 @@ def cache_root():
     """~/.cache/mpitrain (or $XDG_CACHE_HOME/mpitrain)."""
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "mpitrain"
+
+
+def home_dir(name, data_dir=None):
+    """Where files for `name` belong (and fetch writes): data_dir, $MPITRAIN_DATA or cache."""
+    root = data_dir or os.environ.get(ENV_VAR) or None
+    return (Path(root).expanduser() if root else cache_root()) / name
 
 
 def search_dirs(name, data_dir=None):
@@ -60,16 +67,17 @@ def dataset_files(spec, directory):
     return found, missing
 
 
-def where_to_put(spec, data_dir=None):
+def where_to_put(spec, data_dir=None, fetch=True):
     """The 'how to get it' half of a not-found message (one line, no trailing period)."""
-    target = Path(data_dir).expanduser() / spec.name if data_dir else cache_root() / spec.name
+    target = home_dir(spec.name, data_dir)
     if spec.format == "idx":
         names = ", ".join(s.filename for s in spec.sources)
     else:
         names = (", ".join(spec.files)
                  + f" (or the {spec.archive_dir}/ folder of {spec.sources[0].filename})")
-    how = (f"put {names} in {target} (or pass --data-dir / set {ENV_VAR}), or run "
-           f"`python -m mpitrain.data fetch {spec.name}`")
+    how = f"put {names} in {target} (or pass --data-dir / set {ENV_VAR})"
+    if fetch:
+        how += f", or run `python -m mpitrain.data fetch {spec.name}`"
     if spec.debian_package:
         how += f", or install the Debian package {spec.debian_package} (apt-get install -y " \
                f"{spec.debian_package})"

@@ -1,0 +1,76 @@
+"""python -m mpitrain.data fetch|info NAME [--data-dir D]
+
+    fetch   make NAME available: nothing if it is already found (e.g. installed by Debian's
+            dataset-fashion-mnist), else download from the official source with SHA-256 checks
+            into D/<name>, $MPITRAIN_DATA/<name> or ~/.cache/mpitrain/<name>
+    info    where NAME was found, each file's size and what its header says (no full load)
+
+Exit status: 0 ok; 2 on any data problem (not found, offline, checksum, corrupt file), with one
+line on stderr saying what is wrong and what to do.
+"""
+import argparse
+import sys
+
+from mpitrain.data.catalog import SPECS, spec as _spec
+from mpitrain.data.cifar import RECORD_BYTES
+from mpitrain.data.dataset import DataError
+from mpitrain.data.fetch import fetch
+from mpitrain.data.idx import read_idx_header
+from mpitrain.data.locate import dataset_files, locate
+
+
+def _size(n):
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def info(name, data_dir=None, out=print):
+    """Print where dataset `name` is and what each of its files holds."""
+    spec = _spec(name)
+    directory = locate(name, data_dir)
+    paths, _ = dataset_files(spec, directory)
+    out(f"{name}: found in {directory}")
+    for split, files in spec.splits.items():
+        for filename in files:
+            path = paths[filename]
+            size = path.stat().st_size
+            if spec.format == "idx":
+                dtype, dims = read_idx_header(path)
+                holds = f"{dtype.name} {'x'.join(map(str, dims))}"
+            else:
+                holds = f"{size // RECORD_BYTES} records" if size % RECORD_BYTES == 0 else \
+                    f"NOT a whole number of {RECORD_BYTES}-byte records"
+            out(f"  {split:5s}  {path.name:28s} {_size(size):>9s}  {holds}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mpitrain.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command, text in (("fetch", "download NAME unless it is already present"),
+                          ("info", "show where NAME is found and its files")):
+        sub = commands.add_parser(command, help=text)
+        sub.add_argument("name", choices=sorted(SPECS), metavar="NAME",
+                         help=f"one of: {', '.join(SPECS)}")
+        sub.add_argument("--data-dir", default=None, metavar="D",
+                         help="dataset root (files in D/NAME or D); default: $MPITRAIN_DATA, "
+                              "~/.cache/mpitrain, /usr/share/datasets")
+        if command == "fetch":
+            sub.add_argument("--force", action="store_true",
+                             help="download even if the dataset is found elsewhere")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            fetch(args.name, args.data_dir, force=args.force)
+        else:
+            info(args.name, args.data_dir)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

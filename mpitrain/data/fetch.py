@@ -1,0 +1,194 @@
+"""Downloading a dataset from its official source, verified, never half-written.
+
+    fetch("fashion-mnist")          # -> directory holding the files
+
+1. If locate() already finds the dataset anywhere (e.g. Debian's /usr/share/datasets), say where
+   and stop: no download, no second copy.
+2. Otherwise download each file of catalog.py's sources into the target directory
+   (data_dir/<name>, else $MPITRAIN_DATA/<name>, else ~/.cache/mpitrain/<name>):
+   stream into a temp file *in that directory* (".name.XXXX.part"), hashing as it arrives, fsync,
+   compare the SHA-256 with the pinned one, and only then os.replace() it onto the final name
+   (atomic on POSIX, same file system). A failed check, a dropped connection or Ctrl-C deletes
+   the temp file, so the cache only ever holds verified files, and a rerun picks up where the
+   last one stopped (files already present with the right hash are kept).
+3. CIFAR-10 comes as one tarball: after verifying it, only the six expected batch members are
+   copied out (regular files, known names; nothing else in the archive is trusted, so no path
+   tricks), each through the same temp-then-rename step; the tarball is deleted last.
+
+Mirrors listed for a file are tried in order; the hash makes them interchangeable. When no
+source can be reached the error is one line saying where to put the files by hand instead.
+"""
+import hashlib
+import http.client
+import os
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from mpitrain.data.catalog import spec as _spec
+from mpitrain.data.cifar import RECORD_BYTES
+from mpitrain.data.dataset import DataError
+from mpitrain.data.locate import home_dir, locate, where_to_put
+
+__all__ = ["fetch", "FetchOffline", "sha256_file"]
+
+TIMEOUT_S = 60
+CHUNK_BYTES = 1 << 20
+urlopen = urllib.request.urlopen        # module attribute so tests can substitute an opener
+
+
+class FetchOffline(DataError):
+    """No source of a file could be reached (no network, host down, HTTP error)."""
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _progress(total, desc):
+    from tqdm import tqdm     # imported here: only downloads need it
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=None, leave=False)
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp_path, dest):
+    """Atomically move a verified temp file onto its final name."""
+    os.replace(tmp_path, dest)
+    _fsync_dir(dest.parent)
+
+
+def _temp_file(dest):
+    return tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part",
+                                       delete=False)
+
+
+def _download_one(url, source, dest):
+    """Download url into a temp file next to dest, verify, rename; FetchOffline / _Mismatch."""
+    try:
+        response = urlopen(url, timeout=TIMEOUT_S)
+    except (OSError, http.client.HTTPException) as e:
+        raise FetchOffline(str(getattr(e, "reason", None) or e)) from None
+    tmp = _temp_file(dest)
+    try:
+        h, n = hashlib.sha256(), 0
+        with response, tmp:
+            total = int(response.headers.get("Content-Length") or source.size)
+            with _progress(total, dest.name) as bar:
+                while True:
+                    try:
+                        chunk = response.read(CHUNK_BYTES)
+                    except (OSError, http.client.HTTPException) as e:
+                        raise FetchOffline(f"connection lost after {n} bytes ({e})") from None
+                    if not chunk:
+                        break
+                    tmp.write(chunk)
+                    h.update(chunk)
+                    n += len(chunk)
+                    bar.update(len(chunk))
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        if h.hexdigest() != source.sha256:
+            raise _Mismatch(f"{url}: checksum failed: got {n} bytes with SHA-256 "
+                            f"{h.hexdigest()}, expected {source.size} bytes with SHA-256 "
+                            f"{source.sha256}; discarded")
+        _commit(tmp.name, dest)
+    except BaseException:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise
+
+
+def _download(source, dest, spec, data_dir):
+    """Try each URL of `source`; raise DataError (checksum) or FetchOffline (unreachable)."""
+    unreachable, mismatched = [], []
+    for url in source.urls:
+        try:
+            _download_one(url, source, dest)
+            return
+        except FetchOffline as e:
+            unreachable.append((url, str(e)))
+        except _Mismatch as e:
+            mismatched.append(str(e))
+    if mismatched:
+        raise DataError(f"fetch {spec.name}: {'; '.join(mismatched)}")
+    reasons = {reason for _, reason in unreachable}
+    tried = "; ".join(f"{url}: {reason}" for url, reason in unreachable) if len(reasons) > 1 \
+        else f"{', '.join(url for url, _ in unreachable)} ({reasons.pop()})"
+    raise FetchOffline(f"fetch {spec.name}: cannot download {tried}; without network access, "
+                       f"{where_to_put(spec, data_dir, fetch=False)}")
+
+
+def _extract_cifar(archive, spec, target):
+    """Copy the expected batch files out of the verified tarball, each atomically."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for filename in spec.files:
+                member_name = f"{spec.archive_dir}/{filename}"
+                try:
+                    member = tar.getmember(member_name)
+                except KeyError:
+                    raise DataError(f"{archive}: has no member {member_name}") from None
+                if not member.isfile() or member.size % RECORD_BYTES:
+                    raise DataError(f"{archive}: member {member_name} is not a CIFAR-10 batch "
+                                    f"({member.size} bytes)")
+                dest = target / filename
+                tmp = _temp_file(dest)
+                try:
+                    with tar.extractfile(member) as src, tmp:
+                        for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
+                            tmp.write(chunk)
+                        tmp.flush()
+                        os.fsync(tmp.fileno())
+                    _commit(tmp.name, dest)
+                except BaseException:
+                    Path(tmp.name).unlink(missing_ok=True)
+                    raise
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise DataError(f"{archive}: cannot extract ({e})") from None
+
+
+def fetch(name, data_dir=None, force=False, log=print):
+    """Make dataset `name` available; returns the directory holding it."""
+    spec = _spec(name)
+    if not force:
+        try:
+            where = locate(name, data_dir)
+        except DataError:
+            pass
+        else:
+            log(f"{name}: already present in {where}; nothing to download")
+            return where
+    target = home_dir(name, data_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"fetch {name}: cannot create {target} ({e.strerror or e})") from None
+    for source in spec.sources:
+        dest = target / source.filename
+        if dest.is_file() and sha256_file(dest) == source.sha256:
+            log(f"{dest}: already downloaded and verified")
+            continue
+        log(f"{name}: downloading {source.filename} ({source.size / 1e6:.1f} MB) to {target}")
+        _download(source, dest, spec, data_dir)
+    if spec.format == "cifar":
+        archive = target / spec.sources[0].filename
+        _extract_cifar(archive, spec, target)
+        archive.unlink()
+    log(f"{name}: ready in {target}")
+    return target
