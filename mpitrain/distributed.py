@@ -3,6 +3,9 @@
 broadcast_parameters makes every replica start from root_rank's weights, so ranks that initialised
 differently (other seeds, a checkpoint loaded only on rank 0) agree before the first step.
 """
+import contextlib
+import time
+
 import numpy as np
 
 from mpitrain.comm import collectives
@@ -24,3 +27,201 @@ def broadcast_parameters(params, root_rank=0):
         is_array = isinstance(p, np.ndarray) or hasattr(p, "__cuda_array_interface__")
         array = p if is_array else p.data
         collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}")
+
+
+# --- Horovod-style optimizer wrapper and PNNL weight averaging (training helper) -----------------
+
+class Compressor:
+    """How gradients travel: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``."""
+
+    def __init__(self, name, wire):
+        self.name = name
+        self._wire = wire  # {float dtype: dtype on the wire}
+
+    def wire_dtype(self, dtype):
+        return np.dtype(self._wire.get(np.dtype(dtype), dtype))
+
+    def __repr__(self):
+        return f"mt.Compression.{self.name}"
+
+
+class Compression:
+    """``none``: gradients travel as they are; ``fp16``: float32 travels as float16 (half the bytes,
+    ~3 significant digits; restored to float32 after the average)."""
+
+    none = Compressor("none", {})
+    fp16 = Compressor("fp16", {np.dtype(np.float32): np.dtype(np.float16)})
+
+
+AVERAGE_MODES = ("gradients", "weights")
+
+
+class DistributedOptimizer:
+    """Wraps an optimizer so that N replicas stay one model (wraps, never subclasses).
+
+    ``average="gradients"`` (Horovod): ``step()`` = ``synchronize()`` -- every ``.grad`` averaged
+    across ranks through the fusion buffer and our ring -- then the inner optimizer's ``step()``.
+    To clip between the two, call ``synchronize()``, clip, then ``with opt.skip_synchronize():
+    opt.step()``.
+
+    ``average="weights"`` (PNNL): every rank steps on its own gradients; every ``average_every``
+    steps the parameters are averaged across ranks. With plain SGD and ``average_every=1`` this is
+    the same update as gradient averaging (the mean of ``w - lr*g_r`` is ``w - lr*mean(g_r)``).
+    Optimizer state (momentum, Adam moments) stays per rank in this mode, as in PNNL.
+
+    ``op``: ``mt.Average`` or ``mt.Sum``; ``gradient_predivide_factor`` f divides gradients by f
+    before the sum and multiplies by f after it (Horovod's guard against fp16 overflow).
+    ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
+    """
+
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 op=None, gradient_predivide_factor=1.0, average="gradients", average_every=1):
+        op = collectives.Average if op is None else op
+        if op not in (collectives.Average, collectives.Sum):
+            raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
+        if average not in AVERAGE_MODES:
+            raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
+        if isinstance(average_every, bool) or not isinstance(average_every, (int, np.integer)) \
+                or average_every < 1:
+            raise ValueError(f"average_every {average_every!r}: expected an integer >= 1")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r}: "
+                             f"must be > 0")
+        if not isinstance(compression, Compressor):
+            raise ValueError(f"compression {compression!r}: use mt.Compression.none or .fp16")
+        if average == "weights" and compression is not Compression.none:
+            raise ValueError(f"compression {compression!r} applies to gradients; "
+                             f"average='weights' sends full-precision weights")
+        self.optimizer = optimizer
+        self.names = _parameter_names(optimizer.params, named_parameters)
+        self.compression = compression
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.average = average
+        self.average_every = int(average_every)
+        self.comm_time_s = 0.0
+        self._local_steps = 0
+        self._synchronized = False
+        self._skip = False
+        self._wire = None  # fp16 buffers, allocated at the first synchronize
+
+    # -- the inner optimizer's surface --
+    @property
+    def params(self):
+        return self.optimizer.params
+
+    @property
+    def lr(self):
+        return self.optimizer.lr
+
+    @lr.setter
+    def lr(self, value):
+        self.optimizer.lr = value
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    # -- averaging --
+    def synchronize(self):
+        """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
+        if self.average != "gradients":
+            return
+        start = time.perf_counter()
+        grads = [p.grad for p in self.params]
+        kernels = self.params[0].kernels
+        if self._wire is None:
+            self._wire = [None if self.compression.wire_dtype(g.dtype) == g.dtype
+                          else kernels.empty(tuple(g.shape), self.compression.wire_dtype(g.dtype))
+                          for g in grads]
+        for g, w in zip(grads, self._wire):
+            if w is not None:
+                kernels.cast(w, g)
+        wire = [g if w is None else w for g, w in zip(grads, self._wire)]
+        f = self.gradient_predivide_factor
+        collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
+                                       prescale_factor=1.0 / f, postscale_factor=f)
+        for g, w in zip(grads, self._wire):
+            if w is not None:
+                kernels.cast(g, w)
+        self._synchronized = True
+        self.comm_time_s += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside this block does not synchronize (you already did)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def average_weights(self):
+        """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""
+        start = time.perf_counter()
+        collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
+                                       name="DistributedOptimizer.weights")
+        self.comm_time_s += time.perf_counter() - start
+
+    def step(self):
+        if self.average == "gradients":
+            if not (self._skip or self._synchronized):
+                self.synchronize()
+            self.optimizer.step()
+            self._synchronized = False
+            return
+        self.optimizer.step()
+        self._local_steps += 1
+        if self._local_steps % self.average_every == 0:
+            self.average_weights()
+
+    def __repr__(self):
+        return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
+                f"average_every={self.average_every}, compression={self.compression!r})")
+
+
+def _parameter_names(params, named_parameters):
+    """Names of ``params`` in optimizer order; ValueError on duplicate, missing or foreign names."""
+    if named_parameters is None:
+        return [f"param.{i}" for i in range(len(params))]
+    pairs = list(named_parameters)
+    by_id = {}
+    seen = set()
+    for name, p in pairs:
+        if name in seen:
+            raise ValueError(f"duplicate parameter name {name!r} in named_parameters")
+        seen.add(name)
+        by_id[id(p)] = name
+    missing = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if missing:
+        raise ValueError(f"optimizer parameters {missing} have no name in named_parameters")
+    if len(pairs) != len(params):
+        own = {id(p) for p in params}
+        extra = [name for name, p in pairs if id(p) not in own]
+        raise ValueError(f"named_parameters {extra} are not in the optimizer")
+    return [by_id[id(p)] for p in params]
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Give every rank root_rank's optimizer state (hyper-parameters, step, buffers), in place.
+
+    The root's state layout travels first (as an object), so ranks whose state differs in shape
+    or keys (a fresh optimizer vs a loaded one) still end up identical instead of mismatching.
+    """
+    state = optimizer.state_dict()
+    arrays = {k: (v.shape, v.dtype.str) for k, v in state.items() if isinstance(v, np.ndarray)}
+    values = {k: v for k, v in state.items() if k not in arrays}
+    arrays, values = collectives.broadcast_object((arrays, values), root_rank=root_rank)
+    new = dict(values)
+    for k in sorted(arrays):
+        shape, dtype = arrays[k]
+        mine = state.get(k)
+        ok = isinstance(mine, np.ndarray) and mine.shape == shape and mine.dtype.str == dtype
+        new[k] = np.ascontiguousarray(mine) if ok else np.zeros(shape, dtype)
+        collectives.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}")
+    optimizer.load_state_dict(new)

@@ -1,0 +1,108 @@
+"""Thread budget per rank: cores / ranks-on-this-node BLAS and Numba threads, at least 1.
+
+N ranks on one machine each starting a BLAS pool and a Numba pool as wide as the machine gives N x
+cores threads fighting for cores -- the CPU scaling trap most reported by Horovod users. Each rank
+therefore defaults to ``max(1, cores // local_size)`` threads; ``--threads`` / MPITRAIN_THREADS
+overrides it.
+
+When it is set matters: OpenBLAS and MKL read OMP_NUM_THREADS & co. once, when they are loaded,
+and NumPy (hence BLAS) is already loaded by the time ``python -m mpitrain`` runs our code (the
+package's ``__init__`` imports it). So ``configure`` does both: it exports the variables (for
+libraries not loaded yet and for child processes) and resizes the pools already running --
+``numba.set_num_threads`` and the BLAS library's own ``*_set_num_threads`` found in the process's
+loaded libraries. The local size is read from the launcher's environment before MPI is involved.
+"""
+import ctypes
+import os
+
+_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+# Setter symbols of the BLAS builds NumPy wheels ship (scipy-openblas, 32/64-bit ints) and others.
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads",
+                 "MKL_Set_Num_Threads")
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                    "SLURM_NTASKS_PER_NODE")
+
+
+def cores():
+    """Cores this process may run on (affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_size_from_env(environ=None):
+    """Ranks on this node as the launcher announces it (1 when not launched by mpiexec)."""
+    environ = os.environ if environ is None else environ
+    for key in _LOCAL_SIZE_VARS:
+        try:
+            return max(1, int(environ[key]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def default_threads(local_size=None, n_cores=None):
+    local_size = local_size_from_env() if local_size is None else local_size
+    n_cores = cores() if n_cores is None else n_cores
+    return max(1, n_cores // max(1, local_size))
+
+
+def configure(threads=0, local_size=None):
+    """Set BLAS + Numba threads for this rank to ``threads`` (0: the default); returns the number."""
+    n = int(threads) if threads else default_threads(local_size)
+    for key in _ENV_VARS:
+        os.environ[key] = str(n)
+    _set_numba_threads(n)
+    _set_blas_threads(n)
+    return n
+
+
+def _set_numba_threads(n):
+    try:
+        import numba
+    except ImportError:
+        return
+    # The pool cannot grow past the size fixed at Numba's import (NUMBA_NUM_THREADS then).
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def _blas_libraries():
+    """Paths of loaded shared libraries that look like a BLAS (Linux: /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if "blas" in os.path.basename(p).lower()
+                  or "mkl_rt" in os.path.basename(p))
+
+
+def _set_blas_threads(n):
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in _BLAS_SETTERS:
+            setter = getattr(lib, symbol, None)
+            if setter is not None:
+                setter(ctypes.c_int(n))
+                break
+
+
+def blas_threads():
+    """The BLAS pool size now in force (None if no known BLAS is loaded); for tests and logs."""
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                       "openblas_get_num_threads64_", "openblas_get_num_threads",
+                       "MKL_Get_Max_Threads"):
+            getter = getattr(lib, symbol, None)
+            if getter is not None:
+                return int(getter())
+    return None
