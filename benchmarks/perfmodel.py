@@ -1,0 +1,598 @@
+"""Performance model: fit our ring's alpha/beta/gamma, predict step time and efficiency to N=1024.
+
+    python benchmarks/perfmodel.py --allreduce out/bench/allreduce.json --step out/bench/step.json \\
+        --scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us --out out/bench
+
+The model (docs/benchmarks.md, "Performance model", says the same with its limits). One ring
+allreduce of n bytes over N ranks takes
+
+    T(n, N) = 2(N-1) alpha  +  2(N-1)/N n beta  +  (N-1)/N n gamma
+
+alpha: per-message latency (MPI + our Python per step), beta: seconds per byte on the link,
+gamma: seconds per byte of the reduction kernel. A weak-scaling step (per-rank batch b) is
+
+    T_step(N) = T_compute(b) * max(1, R/C)  +  sum over fusion buckets T(n_k, N)  +  3 n mu
+
+with T_compute from the step benchmark, R ranks sharing a node of C cores (oversubscribed ranks
+time-share), n_k the fusion plan's bucket sizes, and 3 n mu the fusion pack, average-scale and
+unpack passes over the n gradient bytes (mu: copy cost per byte, measured here). No overlap of
+communication with compute is modelled (the trainer does not overlap yet). Efficiency =
+T_step(1) / T_step(N); throughput = N b / T_step(N).
+
+Identifiability. In T(n, N) beta and gamma always appear as (N-1)/N n (2 beta + gamma): ring
+timings alone, at any set of N, determine alpha and 2 beta + gamma, never beta and gamma apart.
+So the fit is one least-squares problem over two kinds of observations: ring timings
+(rows [2(N-1), 2(N-1)/N n, (N-1)/N n]) and timings of the local reduce kernel alone (rows
+[0, 0, n] plus a per-call constant), which pins gamma. Without reduce timings gamma is reported
+as unknown and beta as the combined cost / 2 -- predictions on the measured network are the same
+(they need only alpha and 2 beta + gamma), but a user link (which replaces beta, not gamma) then
+charges the reduction at link speed. With N=2 data only, (N-1)/N is a constant, so nothing else is
+lost; alpha comes from the intercept over message sizes, which needs at least two sizes.
+
+Inputs (JSON written by the other benchmarks; read by ``load_*`` below, which accept the key
+spellings listed there):
+- allreduce (benchmarks/allreduce.py): ``{"results": [{"algo": "ring", "bytes": n, "ranks": N,
+  "time_us": t}, ...]}``; ranks may sit at top level; records of other algorithms are ignored;
+  optional ``"reduce_kernel": [{"bytes": n, "time_us": t}]``. When absent, the reduce kernel is
+  timed here (``mpitrain.kernels.cpu.reduce_into``, float32 sum) unless ``--no-measure``.
+- step (benchmarks/step.py): ``{"results": [{"model": m, "batch": b, "step_time_ms": t,
+  "threads": k (optional)}]}`` -- forward + backward + update of one process, no communication.
+- scaling (benchmarks/scaling.py): its ``points`` (validation only).
+
+``--link BW,LAT`` (repeatable, e.g. 25Gbps,5us or 12.5GB/s,1.5us) replaces the network: alpha =
+LAT + the fitted local alpha (our software per message does not go away), beta =
+max(1/BW, fitted beta) (the slower of link and local copy); gamma and mu stay local.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))           # run as a script from a checkout without installing
+
+MODELS = ("mlp", "lenet", "cifar_cnn")
+TARGET_ERROR = 0.15
+
+
+class ModelError(ValueError):
+    """Unusable input to the performance model; the message is one line."""
+
+
+# --- the ring formula and its fit ---------------------------------------------------------------
+
+def ring_time(n, ranks, alpha, beta, gamma):
+    """Seconds for one ring allreduce of n bytes over ``ranks`` ranks (arrays broadcast)."""
+    n = np.asarray(n, dtype=float)
+    ranks = np.asarray(ranks, dtype=float)
+    frac = (ranks - 1) / ranks
+    return 2 * (ranks - 1) * alpha + 2 * frac * n * beta + frac * n * gamma
+
+
+def _nonneg_lstsq(a, y):
+    """Least squares with every coefficient >= 0: fix negative ones at 0 and refit the rest
+    (enough for 2-4 unknowns that are physically positive; noise can push a tiny one below 0)."""
+    free = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+        if (sol >= 0).all():
+            x[free] = sol
+            break
+        free = [f for f, s in zip(free, sol) if s >= 0] if (sol > 0).any() else []
+    return x
+
+
+def fit(ring_obs, reduce_obs=None):
+    """Fit alpha, beta, gamma (seconds, s/byte, s/byte) by relative least squares.
+
+    ring_obs: iterable of (bytes, ranks, seconds) for ring allreduces (ranks >= 2).
+    reduce_obs: iterable of (bytes, seconds) for the local reduce kernel alone, or None.
+    Returns a dict: alpha, beta, gamma (None when not identifiable), combined (2 beta + gamma),
+    reduce_call_s (per-call constant of the reduce kernel), rel_rms (relative RMS residual of the
+    ring rows), identifiable (one line).
+    """
+    ring = np.asarray(list(ring_obs), dtype=float).reshape(-1, 3)        # (M, 3)
+    if len(ring) == 0:
+        raise ModelError("no ring allreduce timings to fit")
+    n, ranks, t = ring.T
+    if (ranks < 2).any() or (t <= 0).any() or (n < 0).any():
+        raise ModelError("ring timings need ranks >= 2, bytes >= 0 and time > 0")
+    if len(np.unique(n)) < 2:
+        raise ModelError(f"ring timings at one message size ({n[0]:.0f} bytes) cannot separate "
+                         "latency from bandwidth")
+    frac = (ranks - 1) / ranks
+    red = np.asarray(list(reduce_obs or []), dtype=float).reshape(-1, 2)  # (K, 2)
+    if len(red) and len(np.unique(red[:, 0])) < 2:
+        raise ModelError("reduce-kernel timings need at least two sizes")
+    if len(red):
+        # Unknowns: alpha, beta, gamma, reduce per-call constant.
+        a_ring = np.column_stack([2 * (ranks - 1), 2 * frac * n, frac * n, np.zeros_like(n)])
+        a_red = np.column_stack([np.zeros(len(red)), np.zeros(len(red)), red[:, 0],
+                                 np.ones(len(red))])
+        a = np.vstack([a_ring, a_red])
+        y = np.concatenate([t, red[:, 1]])
+    else:
+        # Unknowns: alpha, c = 2 beta + gamma.
+        a = np.column_stack([2 * (ranks - 1), frac * n])
+        y = t
+    # Relative weighting: timings span orders of magnitude; every row counts by its % error.
+    # The scaled columns are conditioned on their own magnitude, then scaled back.
+    a_w = a / y[:, None]
+    scale = np.abs(a_w).max(axis=0)
+    scale[scale == 0] = 1.0
+    x = _nonneg_lstsq(a_w / scale, np.ones_like(y)) / scale
+    if len(red):
+        alpha, beta, gamma, call = x
+        combined = 2 * beta + gamma
+        note = "alpha, beta, gamma (gamma pinned by the reduce-kernel timings)"
+    else:
+        alpha, combined = x
+        beta, gamma, call = combined / 2, None, None
+        note = ("alpha and 2*beta+gamma only (no reduce-kernel timings): beta reported as "
+                "(2*beta+gamma)/2, gamma unknown")
+    pred = 2 * (ranks - 1) * alpha + frac * n * combined
+    rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return {"alpha": float(alpha), "beta": float(beta),
+            "gamma": None if gamma is None else float(gamma), "combined": float(combined),
+            "reduce_call_s": None if call is None else float(call), "rel_rms": rel_rms,
+            "identifiable": note, "ring_points": int(len(ring)), "reduce_points": int(len(red))}
+
+
+# --- links ------------------------------------------------------------------------------------
+
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_LAT_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+
+
+def _bad(spec, what, text):
+    return ModelError(f"--link {spec!r}: bad {what} {text.strip()!r} (e.g. 25Gbps, 3GB/s; 5us)")
+
+
+def _bandwidth(text, spec):
+    """Bytes per second from '25Gbps', '25Gb/s' (bits) or '3GB/s', '3GBps' (bytes)."""
+    m = re.fullmatch(_NUMBER + r"([kKmMgGtT]?)(bps|b/s|B/s|Bps)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise _bad(spec, "bandwidth", text)
+    per_unit = 1.0 if m.group(3) in ("B/s", "Bps") else 1 / 8
+    return float(m.group(1)) * _PREFIX[m.group(2).lower()] * per_unit
+
+
+def _latency(text, spec):
+    m = re.fullmatch(_NUMBER + r"(ns|us|µs|ms|s)\s*", text)
+    if not m or float(m.group(1)) < 0:
+        raise _bad(spec, "latency", text)
+    return float(m.group(1)) * _LAT_UNITS[m.group(2)]
+
+
+def parse_link(spec):
+    """'25Gbps,5us' -> {"name", "alpha" (s), "beta" (s/byte)}; Gbps and Gb/s are bits, GB/s and
+    GBps bytes."""
+    parts = spec.split(",")
+    if len(parts) != 2:
+        raise ModelError(f"--link {spec!r}: expected BANDWIDTH,LATENCY like 25Gbps,5us")
+    bytes_per_s = _bandwidth(parts[0], spec)
+    latency = _latency(parts[1], spec)
+    return {"name": spec.replace(" ", ""), "alpha": latency, "beta": 1.0 / bytes_per_s}
+
+
+def network_params(fitted, link=None):
+    """alpha/beta/gamma of the measured local network, or of a user link on top of our stack."""
+    gamma = fitted["gamma"] or 0.0
+    if link is None:
+        return {"name": "local (measured)", "alpha": fitted["alpha"], "beta": fitted["beta"],
+                "gamma": gamma}
+    return {"name": link["name"], "alpha": fitted["alpha"] + link["alpha"],
+            "beta": max(link["beta"], fitted["beta"]), "gamma": gamma}
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def _read_json(path, what):
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ModelError(f"{what} JSON {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{what} JSON {path}: not JSON ({e.msg}, line {e.lineno})") from None
+
+
+def _records(doc):
+    if isinstance(doc, list):
+        return doc
+    for key in ("results", "points", "records", "rows", "data"):
+        if isinstance(doc.get(key), list):
+            return doc[key]
+    return []
+
+
+def _get(rec, names, default=None):
+    for name in names:
+        if name in rec and rec[name] is not None:
+            return rec[name]
+    return default
+
+
+def _seconds(rec, prefix=""):
+    """A time from any of {prefix}time_s/_ms/_us, {prefix}s/ms/us, best_*/median_* spellings."""
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        for stem in ("time", "best", "median", "min", "mean", ""):
+            key = f"{prefix}{stem}_{unit}" if stem else f"{prefix}{unit}"
+            if key in rec and rec[key] is not None:
+                return float(rec[key]) * factor
+    return None
+
+
+def load_allreduce(path):
+    """(ring observations [(bytes, ranks, s)], reduce observations [(bytes, s)] or None)."""
+    doc = _read_json(path, "allreduce")
+    top_ranks = _get(doc, ("ranks", "size", "world_size", "nranks")) if isinstance(doc, dict) \
+        else None
+    ring = []
+    for rec in _records(doc):
+        algo = str(_get(rec, ("algo", "algorithm", "impl", "method"), "ring")).lower()
+        if "ring" not in algo:
+            continue
+        n = _get(rec, ("bytes", "nbytes", "size_bytes", "message_bytes"))
+        ranks = _get(rec, ("ranks", "size", "world_size", "nranks"), top_ranks)
+        t = _seconds(rec)
+        if n is None or ranks is None or t is None:
+            raise ModelError(f"allreduce JSON {path}: record lacks bytes/ranks/time: {rec}")
+        if int(ranks) >= 2:
+            ring.append((float(n), int(ranks), t))
+    if not ring:
+        raise ModelError(f"allreduce JSON {path}: no ring records with ranks >= 2")
+    reduce_obs = None
+    if isinstance(doc, dict):
+        kernel = _get(doc, ("reduce_kernel", "reduce", "reduce_into"))
+        if isinstance(kernel, list) and kernel:
+            reduce_obs = [(float(_get(r, ("bytes", "nbytes"))), _seconds(r)) for r in kernel]
+    return ring, reduce_obs
+
+
+def load_step(path):
+    """{model: [(batch, seconds per step, threads or None, params or None)]}."""
+    doc = _read_json(path, "step")
+    out = {}
+    for rec in _records(doc):
+        model = _get(rec, ("model", "name"))
+        batch = _get(rec, ("batch", "batch_size"))
+        t = _seconds(rec, "step_") or _seconds(rec)
+        if model is None or batch is None or t is None:
+            raise ModelError(f"step JSON {path}: record lacks model/batch/step time: {rec}")
+        out.setdefault(model, []).append((int(batch), t, _get(rec, ("threads", "num_threads")),
+                                          _get(rec, ("params", "parameters", "n_params"))))
+    if not out:
+        raise ModelError(f"step JSON {path}: no step records")
+    return out
+
+
+def load_scaling(path):
+    doc = _read_json(path, "scaling")
+    pts = _records(doc)
+    if not pts:
+        raise ModelError(f"scaling JSON {path}: no points")
+    return doc, pts
+
+
+# --- local kernel timings -----------------------------------------------------------------------
+
+def _best_time(fn, repeat):
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_local(sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeat=7):
+    """Timings of the reduce kernel (float32 sum, as the ring runs it) and of a copy, per size:
+    ([(bytes, s)], [(bytes, s)])."""
+    from mpitrain.kernels.cpu import copy, reduce_into
+    red, cop = [], []
+    for nbytes in sizes:
+        a = np.ones(nbytes // 4, np.float32)                           # (n/4,)
+        b = np.ones(nbytes // 4, np.float32)                           # (n/4,)
+        reduce_into(a, b, "sum")                                       # JIT outside the clock
+        copy(a, b)
+        red.append((float(nbytes), _best_time(lambda: reduce_into(a, b, "sum"), repeat)))
+        cop.append((float(nbytes), _best_time(lambda: copy(a, b), repeat)))
+    return red, cop
+
+
+def per_byte(obs):
+    """Slope of t = c + n * slope over (bytes, s) observations (least squares, slope >= 0)."""
+    obs = np.asarray(obs, dtype=float)
+    a = np.column_stack([obs[:, 0], np.ones(len(obs))]) / obs[:, 1:2]
+    return float(_nonneg_lstsq(a, np.ones(len(obs)))[0])
+
+
+# --- the model's workload: gradient bytes, fusion plan, compute time ------------------------------
+
+def gradient_tensor_bytes(model):
+    """Byte size of each gradient tensor of a zoo model (float32), in declared order."""
+    from mpitrain.nn import models
+    net = models.get(model)
+    return [int(p.data.size) * 4 for p in net.parameters()]
+
+
+def fusion_buckets(tensor_bytes, threshold):
+    """Bucket sizes of the fusion plan: tensors packed in order into buckets of <= threshold
+    bytes; a tensor larger than the threshold travels alone (as comm/fusion.py plans it)."""
+    buckets, cur = [], 0
+    for nb in tensor_bytes:
+        if threshold == 0 or nb > threshold:
+            if cur:
+                buckets.append(cur)
+                cur = 0
+            buckets.append(nb)
+        elif cur + nb > threshold:
+            buckets.append(cur)
+            cur = nb
+        else:
+            cur += nb
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def compute_time(records, batch, threads=None):
+    """Seconds of forward + backward + update at ``batch`` from the step benchmark's records of
+    one model: the record at that batch (and thread count, when recorded) if there is one, else a
+    line t = t0 + k*b through the measured batches, else proportional scaling of the one batch."""
+    recs = [r for r in records if threads is None or r[2] in (None, threads)] or records
+    exact = [r[1] for r in recs if r[0] == batch]
+    if exact:
+        return min(exact)
+    bs = np.array([r[0] for r in recs], dtype=float)
+    ts = np.array([r[1] for r in recs], dtype=float)
+    if len(np.unique(bs)) >= 2:
+        k, t0 = np.polyfit(bs, ts, 1)
+        if t0 + k * batch > 0 and k >= 0:
+            return float(t0 + k * batch)
+    near = int(np.argmin(np.abs(bs - batch)))
+    return float(ts[near] * batch / bs[near])
+
+
+def step_time(compute_s, buckets, ranks, net, mu, ranks_per_node=1, cores=1):
+    """Predicted seconds per step and the communication part of it (see the module docstring)."""
+    share = max(1.0, ranks_per_node / cores)
+    if ranks == 1:
+        return compute_s * share, 0.0
+    comm = sum(float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
+               for nb in buckets) + 3 * sum(buckets) * mu
+    return compute_s * share + comm, comm
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def project(models, steps, buckets, nets, mu, batch, max_ranks):
+    """{net name: {model: {"ranks", "step_ms", "comm_ms", "efficiency", "samples_per_sec"}}}
+    for N = 1..max_ranks, one rank per node."""
+    ns = np.arange(1, max_ranks + 1)
+    out = {}
+    for net in nets:
+        out[net["name"]] = {}
+        for model in models:
+            comp = compute_time(steps[model], batch)
+            rows = [step_time(comp, buckets[model], int(n), net, mu) for n in ns]
+            st = np.array([r[0] for r in rows])
+            out[net["name"]][model] = {
+                "ranks": ns.tolist(), "step_ms": (st * 1e3).round(4).tolist(),
+                "comm_ms": (np.array([r[1] for r in rows]) * 1e3).round(4).tolist(),
+                "efficiency": (st[0] / st).round(4).tolist(),
+                "samples_per_sec": (ns * batch / st).round(2).tolist()}
+    return out
+
+
+def validate(points, steps, buckets, net, mu, cores):
+    """Predicted vs measured step time for the scaling sweep's points (all ranks on this node)."""
+    rows = []
+    for p in points:
+        model, n, b = p["model"], int(p["ranks"]), int(p["per_rank_batch"])
+        if model not in steps:
+            continue
+        threads = max(1, cores // n)
+        comp = compute_time(steps[model], b, threads)
+        pred, comm = step_time(comp, buckets[model], n, net, mu, ranks_per_node=n, cores=cores)
+        meas = p["step_time_ms"] / 1e3
+        rows.append({"model": model, "ranks": n, "per_rank_batch": b,
+                     "measured_ms": meas * 1e3, "predicted_ms": pred * 1e3,
+                     "measured_comm_ms": p.get("comm_time_ms"), "predicted_comm_ms": comm * 1e3,
+                     "error": (pred - meas) / meas,
+                     "oversubscribed": bool(p.get("oversubscribed", n > cores))})
+    return rows
+
+
+def _eng(seconds_per_byte):
+    return "inf" if seconds_per_byte <= 0 else f"{1 / seconds_per_byte / 1e9:.2f} GB/s"
+
+
+def format_report(fitted, mu, nets, proj, rows, models, markdown=False):
+    lines = []
+    gam = fitted["gamma"]
+    lines.append(f"fit ({fitted['ring_points']} ring + {fitted['reduce_points']} reduce timings, "
+                 f"relative RMS residual {100 * fitted['rel_rms']:.1f}%): "
+                 f"alpha = {fitted['alpha'] * 1e6:.2f} us, beta = 1/{_eng(fitted['beta'])}, "
+                 f"gamma = {'unknown' if gam is None else '1/' + _eng(gam)}, "
+                 f"copy mu = 1/{_eng(mu)}")
+    lines.append(f"identifiable: {fitted['identifiable']}")
+    pow2 = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+            if n <= len(next(iter(next(iter(proj.values())).values()))["ranks"])]
+    head = ["network", "model"] + [f"N={n}" for n in pow2]
+    table = []
+    for net in nets:
+        for model in models:
+            eff = proj[net["name"]][model]["efficiency"]
+            table.append([net["name"], model] + [f"{eff[n - 1]:.2f}" for n in pow2])
+    lines.append("")
+    lines.append("predicted weak-scaling efficiency (one rank per node):")
+    lines += _table(head, table, markdown)
+    if rows:
+        lines.append("")
+        lines.append("validation against the measured sweep (step time, all ranks on this node):")
+        vhead = ["model", "N", "measured ms", "predicted ms", "error", "meas. comm ms",
+                 "pred. comm ms"]
+        vrows = [[r["model"], f"{r['ranks']}{'*' if r['oversubscribed'] else ''}",
+                  f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}",
+                  f"{100 * r['error']:+.1f}%",
+                  "-" if r["measured_comm_ms"] is None else f"{r['measured_comm_ms']:.2f}",
+                  f"{r['predicted_comm_ms']:.2f}"] for r in rows]
+        lines += _table(vhead, vrows, markdown)
+        worst = max(abs(r["error"]) for r in rows)
+        verdict = "within" if worst <= TARGET_ERROR else "OUTSIDE"
+        lines.append(f"worst step-time error {100 * worst:.1f}%: {verdict} the "
+                     f"{100 * TARGET_ERROR:.0f}% target" +
+                     ("  (* oversubscribed)" if any(r["oversubscribed"] for r in rows) else ""))
+    return "\n".join(lines)
+
+
+def _table(head, rows, markdown):
+    if markdown:
+        return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    return ["  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))) for r in [head] + rows]
+
+
+def plot(proj, rows, models, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncol = len(models) + (1 if rows else 0)
+    fig, axes = plt.subplots(1, ncol, figsize=(4.2 * ncol, 4))
+    axes = np.atleast_1d(axes)
+    for ax, model in zip(axes, models):
+        for i, (name, per_model) in enumerate(proj.items()):
+            d = per_model[model]
+            ax.plot(d["ranks"], d["efficiency"], color=f"C{i}", label=name)
+        measured = {}
+        for r in rows:
+            if r["model"] == model:
+                measured[r["ranks"]] = r["measured_ms"]
+        if 1 in measured:
+            ns = sorted(measured)
+            ax.plot(ns, [measured[1] / measured[n] for n in ns], "ko", mfc="none",
+                    label="measured (this node)")
+        ax.set_xscale("log", base=2)
+        ticks = [n for n in (1, 4, 16, 64, 256, 1024) if n <= d["ranks"][-1]]
+        ax.set_xticks(ticks, [str(n) for n in ticks])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(model)
+        ax.set_xlabel("ranks N")
+        ax.set_ylabel("efficiency")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if rows:
+        ax = axes[-1]
+        meas = np.array([r["measured_ms"] for r in rows])
+        pred = np.array([r["predicted_ms"] for r in rows])
+        lim = [0, max(meas.max(), pred.max()) * 1.15]
+        ax.plot(lim, lim, "k-", lw=1)
+        ax.fill_between(lim, [v * (1 - TARGET_ERROR) for v in lim],
+                        [v * (1 + TARGET_ERROR) for v in lim], color="0.9", label="+-15%")
+        for i, model in enumerate(models):
+            sel = [r for r in rows if r["model"] == model]
+            for r in sel:
+                ax.plot(r["measured_ms"], r["predicted_ms"], "o", color=f"C{i}",
+                        mfc="none" if r["oversubscribed"] else f"C{i}")
+                ax.annotate(f"{r['ranks']}", (r["measured_ms"], r["predicted_ms"]),
+                            fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if sel:
+                ax.plot([], [], "o", color=f"C{i}", label=model)
+        ax.set_xlim(lim)
+        ax.set_ylim(lim)
+        ax.set_xlabel("measured step ms")
+        ax.set_ylabel("predicted step ms")
+        ax.set_title("validation (label: N)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--allreduce", required=True, help="JSON of benchmarks/allreduce.py")
+    ap.add_argument("--step", required=True, help="JSON of benchmarks/step.py")
+    ap.add_argument("--scaling", help="JSON of benchmarks/scaling.py (validation)")
+    ap.add_argument("--model", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--batch-size", type=int, default=64, help="per-rank batch of projections")
+    ap.add_argument("--link", action="append", default=[], help="BANDWIDTH,LATENCY e.g. "
+                    "25Gbps,5us (repeatable)")
+    ap.add_argument("--max-ranks", type=int, default=1024)
+    ap.add_argument("--fusion-threshold-bytes", type=int, default=64 * 1024 * 1024)
+    ap.add_argument("--cores", type=int, default=None, help="cores of this node (validation)")
+    ap.add_argument("--no-measure", action="store_true",
+                    help="do not time the local reduce/copy kernels (gamma unknown, mu = 0)")
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--markdown", action="store_true", help="print markdown tables")
+    args = ap.parse_args(argv)
+    if args.batch_size < 1 or args.max_ranks < 1:
+        ap.error(f"--batch-size and --max-ranks must be >= 1, got {args.batch_size}, "
+                 f"{args.max_ranks}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        links = [parse_link(s) for s in args.link]
+        ring_obs, reduce_obs = load_allreduce(args.allreduce)
+        steps = load_step(args.step)
+        missing = [m for m in args.model if m not in steps]
+        if missing:
+            raise ModelError(f"step JSON {args.step}: no records for {', '.join(missing)}")
+        copy_obs = None
+        if not args.no_measure:
+            measured_red, copy_obs = measure_local()
+            reduce_obs = reduce_obs or measured_red
+        fitted = fit(ring_obs, reduce_obs)
+        mu = per_byte(copy_obs) if copy_obs else 0.0
+        buckets = {m: fusion_buckets(gradient_tensor_bytes(m), args.fusion_threshold_bytes)
+                   for m in args.model}
+        nets = [network_params(fitted)] + [network_params(fitted, link) for link in links]
+        proj = project(args.model, steps, buckets, nets, mu, args.batch_size, args.max_ranks)
+        rows, cores = [], args.cores or usable_cores()
+        if args.scaling:
+            sdoc, points = load_scaling(args.scaling)
+            if sdoc.get("mode", "weak") != "weak":
+                print("perfmodel: note: strong-scaling points are validated with the per-rank "
+                      "batch each ran", file=sys.stderr)
+            rows = validate(points, steps, buckets, nets[0], mu, cores)
+    except ModelError as e:
+        print(f"perfmodel: error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(fitted, mu, nets, proj, rows, args.model, args.markdown))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "perfmodel", "fit": fitted, "copy_s_per_byte": mu,
+           "networks": nets, "batch_per_rank": args.batch_size, "cores": cores,
+           "buckets_bytes": buckets, "inputs": {"allreduce": args.allreduce, "step": args.step,
+                                                "scaling": args.scaling},
+           "validation": rows, "projection": proj}
+    (out / "perfmodel.json").write_text(json.dumps(doc) + "\n")
+    plot(proj, rows, args.model, out / "perfmodel.png")
+    print(f"wrote {out / 'perfmodel.json'} and {out / 'perfmodel.png'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""benchmarks/perfmodel.py: the ring fit recovers known alpha/beta/gamma, links parse, the fusion
+plan matches comm/fusion.py, predictions behave, and the script runs end to end on synthetic
+benchmark JSON."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "perfmodel.py"
+
+ALPHA, BETA, GAMMA = 20e-6, 1 / 2e9, 1 / 8e9       # 20 us, 2 GB/s link, 8 GB/s reduce
+SIZES = [2 ** k for k in range(10, 25, 2)]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("perfmodel_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pm = load()
+
+
+def synthetic(ranks=(2,), noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    ring = [(n, r, float(pm.ring_time(n, r, ALPHA, BETA, GAMMA)) * (1 + noise * rng.standard_normal()))
+            for r in ranks for n in SIZES]
+    red = [(n, (2e-6 + n * GAMMA) * (1 + noise * rng.standard_normal())) for n in SIZES]
+    return ring, red
+
+
+def test_ring_formula_worked_example():
+    # N=4, 1 MB: 6 alpha + 1.5 MB beta + 0.75 MB gamma.
+    t = pm.ring_time(1e6, 4, 1e-5, 1e-9, 1e-10)
+    assert t == pytest.approx(6e-5 + 1.5e-3 + 0.75e-4)
+    assert pm.ring_time(1e6, 1, 1e-5, 1e-9, 1e-10) == 0
+
+
+@pytest.mark.parametrize("ranks", [(2,), (2, 3, 4)])
+def test_fit_recovers_known_parameters(ranks):
+    ring, red = synthetic(ranks)
+    f = pm.fit(ring, red)
+    assert f["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert f["beta"] == pytest.approx(BETA, rel=1e-6)
+    assert f["gamma"] == pytest.approx(GAMMA, rel=1e-6)
+    assert f["reduce_call_s"] == pytest.approx(2e-6, rel=1e-6)
+    assert f["rel_rms"] < 1e-9
+
+
+def test_fit_with_noise_is_close():
+    ring, red = synthetic((2,), noise=0.03, seed=1)
+    f = pm.fit(ring, red)
+    assert f["alpha"] == pytest.approx(ALPHA, rel=0.15)
+    assert f["beta"] == pytest.approx(BETA, rel=0.1)
+    assert f["gamma"] == pytest.approx(GAMMA, rel=0.1)
+    assert 0.005 < f["rel_rms"] < 0.1
+
+
+def test_without_reduce_timings_only_the_combination_is_identified():
+    ring, _ = synthetic((2, 4))
+    f = pm.fit(ring)
+    assert f["gamma"] is None and "only" in f["identifiable"]
+    assert f["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert f["combined"] == pytest.approx(2 * BETA + GAMMA, rel=1e-6)
+    # Predictions on the measured network need nothing more.
+    net = pm.network_params(f)
+    assert pm.ring_time(1e6, 8, net["alpha"], net["beta"], net["gamma"]) == pytest.approx(
+        pm.ring_time(1e6, 8, ALPHA, BETA, GAMMA), rel=1e-6)
+
+
+def test_fit_rejects_unusable_data():
+    with pytest.raises(pm.ModelError, match="one message size"):
+        pm.fit([(1024, 2, 1e-4), (1024, 2, 1.1e-4)])
+    with pytest.raises(pm.ModelError, match="ranks >= 2"):
+        pm.fit([(1024, 1, 1e-4), (2048, 2, 1e-4)])
+    with pytest.raises(pm.ModelError, match="no ring"):
+        pm.fit([])
+
+
+def test_nonnegative_fit_clamps_noise_below_zero():
+    # Pure bandwidth data with a tiny negative intercept from noise: alpha clamps to 0.
+    ring = [(n, 2, n * 1e-9 - 1e-7) for n in (1e5, 1e6, 1e7)]
+    f = pm.fit(ring)
+    assert f["alpha"] == 0.0 and f["combined"] > 0
+
+
+def test_parse_link():
+    link = pm.parse_link("25Gbps,5us")
+    assert link["alpha"] == pytest.approx(5e-6)
+    assert link["beta"] == pytest.approx(8 / 25e9)
+    assert pm.parse_link("3GB/s, 1.5ms")["beta"] == pytest.approx(1 / 3e9)
+    assert pm.parse_link("100Gb/s,0.6us")["beta"] == pytest.approx(8 / 100e9)
+    assert pm.parse_link("800Mbps,50us")["alpha"] == pytest.approx(50e-6)
+    for bad in ("25Gbps", "25,5us", "fastGbps,5us", "25Gbps,5", "0Gbps,5us", "25Gbps,5us,1"):
+        with pytest.raises(pm.ModelError, match="--link"):
+            pm.parse_link(bad)
+
+
+def test_link_network_keeps_local_software_costs():
+    f = {"alpha": 10e-6, "beta": 1 / 5e9, "gamma": 1 / 8e9}
+    slow = pm.network_params(f, pm.parse_link("10Gbps,5us"))
+    assert slow["alpha"] == pytest.approx(15e-6) and slow["beta"] == pytest.approx(8 / 10e9)
+    fast = pm.network_params(f, pm.parse_link("400Gbps,1us"))
+    assert fast["beta"] == pytest.approx(1 / 5e9)          # local copies are the bottleneck
+    assert fast["gamma"] == f["gamma"]
+
+
+def test_fusion_buckets_match_the_fusion_plan():
+    fusion = pytest.importorskip("mpitrain.comm.fusion")
+    sizes = [40, 4, 400, 8, 8, 100, 4]                     # float32 elements
+    arrays = [np.zeros(s, np.float32) for s in sizes]
+    for threshold in (0, 16, 64, 500, 10_000):
+        plan = fusion.FusionBuffer(threshold).plan(arrays)
+        want = [b.total * 4 for b in plan]
+        assert pm.fusion_buckets([s * 4 for s in sizes], threshold) == want, threshold
+
+
+def test_compute_time_interpolates_and_scales():
+    recs = [(32, 0.010, None, None), (64, 0.018, None, None)]
+    assert pm.compute_time(recs, 64) == 0.018
+    assert pm.compute_time(recs, 128) == pytest.approx(0.034)     # t = 0.002 + b/4000
+    assert pm.compute_time([(64, 0.02, None, None)], 16) == pytest.approx(0.005)
+    threaded = [(64, 0.02, 1, None), (64, 0.012, 2, None)]
+    assert pm.compute_time(threaded, 64, threads=1) == 0.02
+    assert pm.compute_time(threaded, 64, threads=2) == 0.012
+
+
+def test_step_time_and_efficiency():
+    net = {"name": "x", "alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
+    st1, c1 = pm.step_time(0.05, [4e6], 1, net, mu=1e-10)
+    assert (st1, c1) == (0.05, 0.0)
+    st2, c2 = pm.step_time(0.05, [4e6], 2, net, mu=1e-10)
+    assert c2 == pytest.approx(pm.ring_time(4e6, 2, ALPHA, BETA, GAMMA) + 3 * 4e6 * 1e-10)
+    assert st2 == pytest.approx(0.05 + c2)
+    # 4 ranks on 2 cores time-share: compute doubles.
+    st4, c4 = pm.step_time(0.05, [4e6], 4, net, mu=0, ranks_per_node=4, cores=2)
+    assert st4 == pytest.approx(0.1 + c4)
+    steps = {"mlp": [(64, 0.05, None, None)]}
+    proj = pm.project(["mlp"], steps, {"mlp": [4e6]}, [net], 0.0, 64, 64)["x"]["mlp"]
+    eff = np.array(proj["efficiency"])
+    assert eff[0] == 1.0 and (np.diff(eff) <= 1e-12).all() and eff[-1] < eff[1]
+    ideal = {"name": "ideal", "alpha": 0.0, "beta": 0.0, "gamma": 0.0}
+    flat = pm.project(["mlp"], steps, {"mlp": [4e6]}, [ideal], 0.0, 64, 8)["ideal"]["mlp"]
+    assert flat["efficiency"] == [1.0] * 8
+
+
+def test_validate_reports_relative_error():
+    net = {"name": "local", "alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
+    steps = {"mlp": [(64, 0.05, None, None)]}
+    exact, _ = pm.step_time(0.05, [4e6], 2, net, 0.0, ranks_per_node=2, cores=2)
+    pts = [{"model": "mlp", "ranks": 2, "per_rank_batch": 64, "step_time_ms": exact * 1e3},
+           {"model": "mlp", "ranks": 1, "per_rank_batch": 64, "step_time_ms": 0.05e3 * 1.1}]
+    rows = pm.validate(pts, steps, {"mlp": [4e6]}, net, 0.0, cores=2)
+    assert rows[0]["error"] == pytest.approx(0.0, abs=1e-12)
+    assert rows[1]["error"] == pytest.approx(1 / 1.1 - 1)
+
+
+def _write_inputs(tmp_path):
+    ring, red = synthetic((2,))
+    allreduce = {"benchmark": "allreduce", "ranks": 2,
+                 "results": [{"algo": "ring", "bytes": n, "time_us": t * 1e6} for n, _, t in ring]
+                 + [{"algo": "mpi", "bytes": 1024, "time_us": 1.0}],
+                 "reduce_kernel": [{"bytes": n, "time_us": t * 1e6} for n, t in red]}
+    step = {"results": [{"model": m, "batch": 64, "step_time_ms": ms}
+                        for m, ms in (("mlp", 20.0), ("lenet", 60.0))]}
+    (tmp_path / "a.json").write_text(json.dumps(allreduce))
+    (tmp_path / "s.json").write_text(json.dumps(step))
+    return tmp_path / "a.json", tmp_path / "s.json"
+
+
+def test_loaders_read_the_documented_format(tmp_path):
+    a, s = _write_inputs(tmp_path)
+    ring, red = pm.load_allreduce(a)
+    assert len(ring) == len(SIZES) and all(r[1] == 2 for r in ring)   # mpi record skipped
+    f = pm.fit(ring, red)
+    assert f["beta"] == pytest.approx(BETA, rel=1e-6)
+    steps = pm.load_step(s)
+    assert steps["lenet"] == [(64, pytest.approx(0.06), None, None)]
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(pm.ModelError, match="not JSON"):
+        pm.load_step(tmp_path / "bad.json")
+
+
+def test_script_end_to_end(tmp_path):
+    pytest.importorskip("mpitrain.nn.models")
+    a, s = _write_inputs(tmp_path)
+    scaling = {"mode": "weak", "points": [
+        {"model": "mlp", "ranks": 1, "per_rank_batch": 64, "step_time_ms": 21.0,
+         "comm_time_ms": 0.0},
+        {"model": "mlp", "ranks": 2, "per_rank_batch": 64, "step_time_ms": 30.0,
+         "comm_time_ms": 8.0}]}
+    (tmp_path / "sc.json").write_text(json.dumps(scaling))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--allreduce", str(a), "--step", str(s),
+                           "--scaling", str(tmp_path / "sc.json"), "--model", "mlp", "lenet",
+                           "--link", "25Gbps,5us", "--max-ranks", "64", "--no-measure",
+                           "--cores", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "alpha = 20.00 us" in proc.stdout and "25Gbps,5us" in proc.stdout
+    assert "validation" in proc.stdout and "error" in proc.stdout
+    doc = json.loads((out / "perfmodel.json").read_text())
+    assert doc["fit"]["gamma"] == pytest.approx(GAMMA, rel=1e-6)
+    effs = doc["projection"]["25Gbps,5us"]["lenet"]["efficiency"]
+    assert len(effs) == 64 and effs[0] == 1.0 and effs[-1] < 1.0
+    assert [r["ranks"] for r in doc["validation"]] == [1, 2]
+    assert (out / "perfmodel.png").stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--allreduce", str(a), "--step", str(s),
+                          "--link", "fast", "--no-measure", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "perfmodel: error: --link 'fast': expected BANDWIDTH,LATENCY like 25Gbps,5us"]
