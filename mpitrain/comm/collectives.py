@@ -121,7 +121,9 @@ def _device(fn_name):
 
 
 def _on_device(x):
-    return hasattr(x, "__cuda_array_interface__")
+    # Numba device arrays mark themselves with __cuda_ndarray__ (the CUDA simulator's too, which
+    # have no __cuda_array_interface__)
+    return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
 
 
 # --- validation helpers: return an error string instead of raising (see check.py) ----------------

@@ -1,0 +1,483 @@
+"""Collectives on device buffers (CuPy arrays, Numba device arrays), and GPU selection.
+
+collectives.py hands every array exposing ``__cuda_array_interface__`` (or a Numba device array,
+which under NUMBA_ENABLE_CUDASIM=1 is a simulated one) to the functions here, which have the same
+names and signatures as the host API. Arguments are validated and agreed across ranks exactly as
+on the host (check.agree), so a mismatch is a CollectiveError on every rank, never a hang.
+
+GPU selection: ``select_device()`` binds the process to GPU ``local_rank % device_count``; the
+training loop calls it before it allocates anything (a CUDA context created on the wrong GPU
+cannot be moved).
+
+Allreduce transport, chosen once (on the first device collective, identically on every rank,
+logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` forces one):
+
+    nccl   cupy.cuda.nccl, when CuPy has it; the NCCL unique id is broadcast over MPI. NCCL
+           reduces in place on the device, on the current CuPy stream (the legacy default
+           stream unless the caller changed it, which Numba kernels also use).
+    mpi    CUDA-aware MPI, when the MPI library says so (MPIX_Query_cuda_support() == 1, asked
+           through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1
+           overrides). The device is synchronised first: MPI reads device memory directly and
+           knows nothing of queued kernels.
+    host   staging through pinned host buffers around the host allreduce (our ring): copy down,
+           reduce, copy up. Always available; the only choice under the CUDA simulator.
+
+Average is Sum then a device scale by postscale/N (prescale first), like the host path; dtypes
+a transport cannot reduce (float16 on MPI, int16 on NCCL) take the host path. The fusion buffer
+of grouped_allreduce lives on the device: its plan follows fusion.py's rules (by dtype in order of
+first appearance, packed in input order up to MPITRAIN_FUSION_THRESHOLD bytes) so it is identical
+on every rank and reruns are bitwise identical. The one-off collectives (broadcast, allgather,
+reducescatter, alltoall: parameter broadcast at start, metrics) stage through the host.
+
+Array families: the only place in the package that branches on the array type is ``_family``;
+everything else goes through a family's kernels module (mpitrain.kernels.cuda_cupy or
+cuda_numba) and its three copy/pinned helpers.
+"""
+import ctypes
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from mpitrain.comm import check, collectives, world
+from mpitrain.comm.fusion import Bucket, threshold_from_env
+
+TRANSPORTS = ("nccl", "mpi", "host")
+_state = {"device": None, "transport": None, "nccl": None, "fusion": None}
+
+
+# --- array families -----------------------------------------------------------------------------
+
+class _NumbaFamily:
+    """Numba device arrays (real or simulated) and foreign CAI arrays wrapped by Numba."""
+
+    name = "numba"
+
+    def __init__(self):
+        from numba import cuda
+        from mpitrain import kernels
+        self.cuda = cuda
+        self.kernels = kernels.get("cuda", "numba")
+        self._pinned = {}
+
+    def wrap(self, x):
+        return x if getattr(x, "__cuda_ndarray__", False) else self.cuda.as_cuda_array(x)
+
+    def contiguous(self, x):
+        return x.is_c_contiguous()
+
+    def pinned(self, n, dtype):
+        """A pinned host buffer of >= n elements, reused across calls."""
+        buf = self._pinned.get(np.dtype(dtype))
+        if buf is None or buf.size < n:
+            buf = self._pinned[np.dtype(dtype)] = self.cuda.pinned_array(max(n, 1), dtype)
+        return buf[:n]
+
+    def to_host(self, flat, host):
+        flat.copy_to_host(host)
+
+    def to_dev(self, host, flat):
+        flat.copy_to_device(host)
+
+    def stream_ptr(self):
+        return 0                                   # Numba launches on the legacy default stream
+
+
+class _CupyFamily:
+    name = "cupy"
+
+    def __init__(self):
+        import cupy
+        import cupyx
+        from mpitrain import kernels
+        self.cupy, self.cupyx = cupy, cupyx
+        self.kernels = kernels.get("cuda", "cupy")
+        self._pinned = {}
+
+    def wrap(self, x):
+        return x
+
+    def contiguous(self, x):
+        return x.flags.c_contiguous
+
+    def pinned(self, n, dtype):
+        buf = self._pinned.get(np.dtype(dtype))
+        if buf is None or buf.size < n:
+            buf = self._pinned[np.dtype(dtype)] = self.cupyx.empty_pinned(max(n, 1), dtype)
+        return buf[:n]
+
+    def to_host(self, flat, host):
+        flat.get(out=host)
+
+    def to_dev(self, host, flat):
+        flat.set(host)
+
+    def stream_ptr(self):
+        return self.cupy.cuda.get_current_stream().ptr
+
+
+_families = {}
+
+
+def _family(x):
+    """The family of a device array: CuPy arrays stay CuPy, everything else goes through Numba."""
+    cupy = sys.modules.get("cupy")
+    key = "cupy" if cupy is not None and isinstance(x, cupy.ndarray) else "numba"
+    if key not in _families:
+        _families[key] = _CupyFamily() if key == "cupy" else _NumbaFamily()
+    return _families[key]
+
+
+def is_device_array(x):
+    """True for arrays the device collectives handle (CAI arrays, Numba incl. simulated ones)."""
+    return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
+
+
+# --- GPU selection ------------------------------------------------------------------------------
+
+def device_count():
+    """Number of visible GPUs (CuPy if installed, else Numba; 1 under the CUDA simulator)."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: ask Numba
+        from numba import cuda
+        return len(cuda.gpus) if cuda.is_available() else 0
+
+
+def select_device(local_rank=None):
+    """Bind this process to GPU ``local_rank % device_count()`` (idempotent); returns its id.
+
+    Call before any device allocation. local_rank defaults to mpitrain's local rank.
+    """
+    if _state["device"] is not None:
+        return _state["device"]
+    count = device_count()
+    if count < 1:
+        raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
+    rank = world.local_rank() if local_rank is None else int(local_rank)
+    dev = rank % count
+    if "cupy" in sys.modules or _cupy_importable():
+        import cupy
+        cupy.cuda.Device(dev).use()
+    from numba import cuda
+    if cuda.is_available():
+        cuda.select_device(dev)
+    _state["device"] = dev
+    return dev
+
+
+def _cupy_importable():
+    try:
+        import cupy  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# --- transport choice ---------------------------------------------------------------------------
+
+def _nccl_ok():
+    from numba import config
+    if config.ENABLE_CUDASIM or not _cupy_importable():
+        return False
+    try:
+        from cupy.cuda import nccl
+        return bool(getattr(nccl, "available", True)) and device_count() > 0
+    except Exception:  # noqa: BLE001 - any failure means: not usable here
+        return False
+
+
+def cuda_aware_mpi():
+    """MPITRAIN_CUDA_AWARE_MPI=0|1 if set, else the MPI library's MPIX_Query_cuda_support()."""
+    forced = os.environ.get("MPITRAIN_CUDA_AWARE_MPI")
+    if forced in ("0", "1"):
+        return forced == "1"
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        return False
+    paths = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                    if "/libmpi" in line and ".so" in line}) if os.path.exists("/proc/self/maps") \
+        else []
+    for path in paths + [None]:
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        except OSError:
+            continue
+        if query is not None:
+            query.restype = ctypes.c_int
+            return query() == 1
+    return False
+
+
+def transport():
+    """The allreduce transport ('nccl' | 'mpi' | 'host'); chosen once, the same on every rank."""
+    if _state["transport"] is not None:
+        return _state["transport"]
+    comm = world.comm()
+    forced = os.environ.get("MPITRAIN_DEVICE_COMM", "auto").lower() or "auto"
+    err = None
+    if forced not in TRANSPORTS + ("auto",):
+        err = f"MPITRAIN_DEVICE_COMM={forced!r}: expected one of nccl, mpi, host (or unset)"
+    check.agree(comm, "device transport", {"MPITRAIN_DEVICE_COMM": forced}, err)
+    # a transport is usable only if it is usable on every rank
+    local = np.array([_nccl_ok(), cuda_aware_mpi(), True], np.int32)
+    comm.Allreduce(MPI.IN_PLACE, local, op=MPI.MIN)
+    usable = {t: bool(v) for t, v in zip(TRANSPORTS, local)}
+    if forced != "auto" and not usable[forced]:
+        why = {"nccl": "cupy.cuda.nccl is not available on every rank",
+               "mpi": "the MPI library is not CUDA-aware on every rank "
+                      "(MPIX_Query_cuda_support; MPITRAIN_CUDA_AWARE_MPI=1 overrides)"}[forced]
+        raise ValueError(f"MPITRAIN_DEVICE_COMM={forced}: {why}")
+    choice = forced if forced != "auto" else next(t for t in TRANSPORTS if usable[t])
+    if comm.Get_rank() == 0:
+        how = "forced by MPITRAIN_DEVICE_COMM" if forced != "auto" else "auto"
+        print(f"mpitrain: device allreduce via {choice} ({how}; usable: "
+              f"{', '.join(t for t in TRANSPORTS if usable[t])})", file=sys.stderr, flush=True)
+    _state["transport"] = choice
+    return choice
+
+
+def _reset():
+    """Forget the transport, NCCL communicator and fusion buffer (tests; a new world)."""
+    _state.update(transport=None, nccl=None, fusion=None)
+
+
+# --- the flat device allreduce ------------------------------------------------------------------
+
+_NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32",
+               "int64": "NCCL_INT64", "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
+               "float64": "NCCL_FLOAT64"}
+_NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
+
+
+def _nccl_comm():
+    """The NCCL communicator of the current world (unique id from rank 0 over MPI)."""
+    comm = world.comm()
+    cached = _state["nccl"]
+    if cached is None or cached[0] is not comm:
+        from cupy.cuda import nccl
+        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = comm.bcast(uid, root=0)
+        _state["nccl"] = cached = (comm, nccl.NcclCommunicator(comm.Get_size(), uid,
+                                                                comm.Get_rank()))
+    return cached[1]
+
+
+def _allreduce_flat(fam, flat, op, pre, post):
+    """Allreduce the contiguous 1-D device array ``flat`` in place (scaling included)."""
+    k = fam.kernels
+    size = world.comm().Get_size()
+    how = transport() if size > 1 and flat.size else "none"
+    dtype = np.dtype(flat.dtype).name
+    if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and dtype == "float16":
+        how = "host"
+    if how == "host":
+        host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned
+        fam.to_host(flat, host)
+        collectives._allreduce_flat(host, op, pre, post)
+        fam.to_dev(host, flat)
+        return flat
+    if pre != 1.0:
+        k.scale(flat, pre)
+    kind = collectives._reduce_kind(op)
+    if how == "nccl":
+        from cupy.cuda import nccl
+        ptr = flat.__cuda_array_interface__["data"][0]
+        _nccl_comm().allReduce(ptr, ptr, flat.size, getattr(nccl, _NCCL_TYPES[dtype]),
+                               getattr(nccl, _NCCL_OPS[kind]), fam.stream_ptr())
+    elif how == "mpi":
+        k.synchronize()                                          # MPI reads device memory now
+        world.comm().Allreduce(MPI.IN_PLACE, flat, op=collectives._MPI_OPS[kind])
+    factor = post / size if op is collectives.Average else post
+    if factor != 1.0:
+        k.scale(flat, factor)
+    return flat
+
+
+def _flat(a):
+    return a if a.ndim == 1 else a.reshape(a.size)
+
+
+def _check(x, kind, in_place):
+    """(wrapped array, family, error string or None) for one device argument."""
+    fam = _family(x)
+    a = fam.wrap(x)
+    if np.dtype(a.dtype) not in collectives.DTYPES:
+        names = ", ".join(d.name for d in collectives.DTYPES)
+        return a, fam, f"{kind}: dtype {a.dtype} is not supported; use one of {names}"
+    if not fam.contiguous(a):
+        return a, fam, f"{kind}: device arrays must be C-contiguous, got shape {a.shape}"
+    return a, fam, None
+
+
+def _copy_of(fam, a):
+    out = fam.kernels.empty(a.shape, a.dtype)
+    fam.kernels.copy(out, a)
+    return out
+
+
+# --- allreduce ----------------------------------------------------------------------------------
+
+def allreduce(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    a, fam, err = _check(x, "allreduce", False)
+    out = _copy_of(fam, a) if err is None else a
+    return _allreduce_checked("allreduce", fam, out, err, op, name, prescale_factor,
+                              postscale_factor)
+
+
+def allreduce_(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    a, fam, err = _check(x, "allreduce_", True)
+    _allreduce_checked("allreduce_", fam, a, err, op, name, prescale_factor, postscale_factor)
+    return x
+
+
+def _allreduce_checked(kind, fam, a, err, op, name, prescale, postscale):
+    op, pre, post, fields, err2 = collectives._reduce_args(kind, op, prescale, postscale)
+    fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str)
+    check.agree(world.comm(), "allreduce", fields, err or err2)
+    _allreduce_flat(fam, _flat(a), op, pre, post)
+    return a
+
+
+# --- grouped allreduce through the device fusion buffer ------------------------------------------
+
+class DeviceFusionBuffer:
+    """fusion.FusionBuffer's plan with its flat buffers on the device (one per dtype)."""
+
+    def __init__(self, fam, threshold_bytes):
+        self.fam = fam
+        self.threshold_bytes = threshold_bytes
+        self._plans = {}
+        self._buffers = {}
+
+    def plan(self, arrays):
+        key = tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays)
+        if key not in self._plans:
+            self._plans[key] = self._make_plan(arrays)
+        return self._plans[key]
+
+    def _make_plan(self, arrays):
+        by_dtype = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
+        buckets = []
+        for dtype, indices in by_dtype.items():
+            limit = self.threshold_bytes // dtype.itemsize
+            current = Bucket(dtype)
+            for i in indices:
+                if current.entries and current.total + arrays[i].size > limit:
+                    buckets.append(current)
+                    current = Bucket(dtype)
+                current.add(i, arrays[i].size)
+            buckets.append(current)
+        for b in buckets:
+            buf = self._buffers.get(b.dtype)
+            if len(b.entries) > 1 and (buf is None or buf.size < b.total):
+                self._buffers[b.dtype] = self.fam.kernels.empty((b.total,), b.dtype)
+        return buckets
+
+    def allreduce(self, arrays, outs, reduce_flat):
+        k = self.fam.kernels
+        for bucket in self.plan(arrays):
+            if len(bucket.entries) == 1:
+                i = bucket.entries[0][0]
+                if outs[i] is not arrays[i]:
+                    k.copy(outs[i], arrays[i])
+                reduce_flat(_flat(outs[i]))
+                continue
+            flat = self._buffers[bucket.dtype][:bucket.total]            # (total,) on device
+            for i, off, n in bucket.entries:
+                k.copy(flat[off:off + n], arrays[i])
+            reduce_flat(flat)
+            for i, off, n in bucket.entries:
+                k.copy(outs[i], flat[off:off + n])
+        return outs
+
+
+def _grouped(kind, xs, in_place, op, name, prescale, postscale):
+    xs = list(xs)
+    checked = [_check(x, kind, in_place) if is_device_array(x) else
+               (x, None, f"{kind}: host and device arrays mixed in one call") for x in xs]
+    arrays = [c[0] for c in checked]
+    fams = {c[1].name: c[1] for c in checked if c[1] is not None}
+    errors = [c[2] for c in checked]
+    if len(fams) > 1:
+        errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
+    op, pre, post, fields, err = collectives._reduce_args(kind, op, prescale, postscale)
+    threshold = threshold_from_env()
+    fields.update(name=name, threshold_bytes=threshold,
+                  arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays))
+    check.agree(world.comm(), "grouped_allreduce", fields, collectives._first_error(err, *errors))
+    if not arrays:
+        return []
+    fam = next(iter(fams.values()))
+    fusion = _state["fusion"]
+    if fusion is None or fusion.fam is not fam or fusion.threshold_bytes != threshold:
+        fusion = _state["fusion"] = DeviceFusionBuffer(fam, threshold)
+    outs = arrays if in_place else [fam.kernels.empty(a.shape, a.dtype) for a in arrays]
+    fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(fam, flat, op, pre, post))
+    return xs if in_place else outs
+
+
+def grouped_allreduce(xs, op=collectives.Average, name=None, prescale_factor=1.0,
+                      postscale_factor=1.0):
+    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(xs, op=collectives.Average, name=None, prescale_factor=1.0,
+                       postscale_factor=1.0):
+    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor)
+
+
+# --- one-off collectives: staged through the host ------------------------------------------------
+
+def _down(x, kind):
+    a, fam, err = _check(x, kind, False)
+    return (fam.kernels.to_host(a) if err is None else np.zeros(0, np.float32)), fam, err
+
+
+def _agree_error(kind, err):
+    """A local device-argument error raised on every rank (the host call would see a fine array)."""
+    check.agree(world.comm(), f"{kind} (device)", {}, err)
+
+
+def allgather(x, name=None):
+    host, fam, err = _down(x, "allgather")
+    _agree_error("allgather", err)
+    return fam.kernels.to_device(collectives.allgather(host, name=name))
+
+
+def broadcast(x, root_rank, name=None):
+    host, fam, err = _down(x, "broadcast")
+    _agree_error("broadcast", err)
+    return fam.kernels.to_device(collectives.broadcast(host, root_rank, name=name))
+
+
+def broadcast_(x, root_rank, name=None):
+    a, fam, err = _check(x, "broadcast_", True)
+    _agree_error("broadcast_", err)
+    host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
+    fam.to_host(_flat(a), host)
+    collectives.broadcast_(host.reshape(a.shape), root_rank, name=name)
+    fam.to_dev(host, _flat(a))
+    return x
+
+
+def reducescatter(x, op=collectives.Average, name=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    host, fam, err = _down(x, "reducescatter")
+    _agree_error("reducescatter", err)
+    return fam.kernels.to_device(collectives.reducescatter(
+        host, op=op, name=name, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor))
+
+
+def alltoall(x, splits=None, name=None):
+    host, fam, err = _down(x, "alltoall")
+    _agree_error("alltoall", err)
+    res = collectives.alltoall(host, splits=splits, name=name)
+    if splits is None:
+        return fam.kernels.to_device(res)
+    return fam.kernels.to_device(res[0]), res[1]
