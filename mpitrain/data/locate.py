@@ -93,7 +93,8 @@ def locate(name, data_dir=None):
         if not missing:
             return directory
         if found:
-            partial.append(f"{directory} lacks {', '.join(missing)}")
+            gz = "[.gz]" if spec.format == "idx" else ""
+            partial.append(f"{directory} lacks {', '.join(m + gz for m in missing)}")
     searched = ", ".join(str(d) for d in search_dirs(name, data_dir))
     note = f" ({'; '.join(partial)})" if partial else ""
     raise DataError(f"{name}: data not found in {searched}{note}; {where_to_put(spec, data_dir)}")
