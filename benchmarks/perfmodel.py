@@ -1,7 +1,7 @@
 """Performance model: fit our ring's alpha/beta/gamma, predict step time and efficiency to N=1024.
 
-    python benchmarks/perfmodel.py --allreduce out/bench/allreduce.json --step out/bench/step.json \\
-        --scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us --out out/bench
+    python benchmarks/perfmodel.py --allreduce out/bench/allreduce.json \\
+        --step out/bench/step.json --scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us --out out/bench
 
 The model (docs/benchmarks.md, "Performance model", says the same with its limits). One ring
 allreduce of n bytes over N ranks takes
@@ -229,47 +229,75 @@ def _seconds(rec, prefix=""):
     return None
 
 
+def _ring_threshold(doc):
+    """Smallest message our allreduce sends through the ring under --algo auto."""
+    value = _get(doc, ("ring_threshold_bytes", "ring_threshold"))
+    if value is None:
+        from mpitrain.comm.collectives import RING_THRESHOLD_BYTES as value
+    return int(value)
+
+
 def load_allreduce(path):
-    """(ring observations [(bytes, ranks, s)], reduce observations [(bytes, s)] or None)."""
+    """(ring observations [(bytes, ranks, s)], reduce observations [(bytes, s)] or None).
+
+    benchmarks/allreduce.py writes ``{"ranks": N, "algo": "auto"|"ring"|"mpi", "results":
+    [{"bytes", "ours_s", "mpi_s", ...}]}``: ``ours_s`` is our allreduce, which under "auto" takes
+    the ring only from the ring threshold up (smaller sizes are MPI_Allreduce and are skipped
+    here); under "mpi" there is no ring timing at all. Per-record ``algo`` and ``time_us`` /
+    ``time_s`` spellings are accepted too.
+    """
     doc = _read_json(path, "allreduce")
-    top_ranks = _get(doc, ("ranks", "size", "world_size", "nranks")) if isinstance(doc, dict) \
-        else None
+    top = doc if isinstance(doc, dict) else {}
+    top_ranks = _get(top, ("ranks", "size", "world_size", "nranks"))
+    top_algo = str(_get(top, ("algo", "algorithm"), "ring")).lower()
     ring = []
     for rec in _records(doc):
-        algo = str(_get(rec, ("algo", "algorithm", "impl", "method"), "ring")).lower()
-        if "ring" not in algo:
-            continue
+        algo = str(_get(rec, ("algo", "algorithm", "impl", "method"), top_algo)).lower()
         n = _get(rec, ("bytes", "nbytes", "size_bytes", "message_bytes"))
+        if algo == "auto" and n is not None and n < _ring_threshold(top):
+            continue
+        if algo not in ("ring", "auto"):
+            continue
         ranks = _get(rec, ("ranks", "size", "world_size", "nranks"), top_ranks)
-        t = _seconds(rec)
+        t = _seconds(rec, "ours_") or _seconds(rec)
         if n is None or ranks is None or t is None:
             raise ModelError(f"allreduce JSON {path}: record lacks bytes/ranks/time: {rec}")
         if int(ranks) >= 2:
             ring.append((float(n), int(ranks), t))
     if not ring:
-        raise ModelError(f"allreduce JSON {path}: no ring records with ranks >= 2")
+        raise ModelError(f"allreduce JSON {path}: no ring timings with ranks >= 2 (run it "
+                         "under mpiexec -n 2 or more, --algo ring or auto)")
     reduce_obs = None
-    if isinstance(doc, dict):
-        kernel = _get(doc, ("reduce_kernel", "reduce", "reduce_into"))
-        if isinstance(kernel, list) and kernel:
-            reduce_obs = [(float(_get(r, ("bytes", "nbytes"))), _seconds(r)) for r in kernel]
+    kernel = _get(top, ("reduce_kernel", "reduce", "reduce_into"))
+    if isinstance(kernel, list) and kernel:
+        reduce_obs = [(float(_get(r, ("bytes", "nbytes"))), _seconds(r)) for r in kernel]
     return ring, reduce_obs
 
 
-def load_step(path):
-    """{model: [(batch, seconds per step, threads or None, params or None)]}."""
-    doc = _read_json(path, "step")
+def load_step(paths, stat="median"):
+    """{model: [(batch, seconds per step, threads or None, params or None)]} from one or more
+    step-benchmark files (e.g. one per thread count).
+
+    benchmarks/step.py writes ``{"results": [{"model", "batch", "threads", "best": {"step_ms",
+    ...}, "median": {"step_ms", ...}}]}``; ``stat`` picks best-of-rounds or the median round.
+    A flat ``step_time_ms`` per record is accepted too.
+    """
     out = {}
-    for rec in _records(doc):
-        model = _get(rec, ("model", "name"))
-        batch = _get(rec, ("batch", "batch_size"))
-        t = _seconds(rec, "step_") or _seconds(rec)
-        if model is None or batch is None or t is None:
-            raise ModelError(f"step JSON {path}: record lacks model/batch/step time: {rec}")
-        out.setdefault(model, []).append((int(batch), t, _get(rec, ("threads", "num_threads")),
-                                          _get(rec, ("params", "parameters", "n_params"))))
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        doc = _read_json(path, "step")
+        for rec in _records(doc):
+            model = _get(rec, ("model", "name"))
+            batch = _get(rec, ("batch", "batch_size"))
+            inner = rec.get(stat) if isinstance(rec.get(stat), dict) else rec
+            t = _seconds(inner, "step_") or _seconds(inner)
+            if model is None or batch is None or t is None:
+                raise ModelError(f"step JSON {path}: record lacks model/batch/step time: "
+                                 f"{str(rec)[:120]}")
+            out.setdefault(model, []).append(
+                (int(batch), t, _get(rec, ("threads", "num_threads")),
+                 _get(rec, ("params", "parameters", "n_params"))))
     if not out:
-        raise ModelError(f"step JSON {path}: no step records")
+        raise ModelError(f"step JSON {paths}: no step records")
     return out
 
 
@@ -406,7 +434,7 @@ def validate(points, steps, buckets, net, mu, cores):
         model, n, b = p["model"], int(p["ranks"]), int(p["per_rank_batch"])
         if model not in steps:
             continue
-        threads = max(1, cores // n)
+        threads = p.get("threads") or max(1, cores // n)
         comp = compute_time(steps[model], b, threads)
         pred, comm = step_time(comp, buckets[model], n, net, mu, ranks_per_node=n, cores=cores)
         meas = p["step_time_ms"] / 1e3
@@ -531,7 +559,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--allreduce", required=True, help="JSON of benchmarks/allreduce.py")
-    ap.add_argument("--step", required=True, help="JSON of benchmarks/step.py")
+    ap.add_argument("--step", required=True, nargs="+",
+                    help="JSON of benchmarks/step.py (several: e.g. one per --threads)")
+    ap.add_argument("--step-stat", choices=("median", "best"), default="median",
+                    help="which round of the step benchmark to use (default median)")
     ap.add_argument("--scaling", help="JSON of benchmarks/scaling.py (validation)")
     ap.add_argument("--model", nargs="+", default=list(MODELS), choices=MODELS)
     ap.add_argument("--batch-size", type=int, default=64, help="per-rank batch of projections")
@@ -556,7 +587,7 @@ def main(argv=None):
     try:
         links = [parse_link(s) for s in args.link]
         ring_obs, reduce_obs = load_allreduce(args.allreduce)
-        steps = load_step(args.step)
+        steps = load_step(args.step, args.step_stat)
         missing = [m for m in args.model if m not in steps]
         if missing:
             raise ModelError(f"step JSON {args.step}: no records for {', '.join(missing)}")

@@ -106,6 +106,16 @@ def read_summary(metrics_path):
     return summary
 
 
+def threads_flag(extra):
+    """The --threads K passed through to the trainer, or None (its default: cores / ranks)."""
+    for i, arg in enumerate(extra):
+        if arg == "--threads" and i + 1 < len(extra):
+            return int(extra[i + 1])
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+    return None
+
+
 def make_point(summary, model, mode, n, batch, cores):
     """One table row from a job's summary; refuses values that cannot be right."""
     sps = float(summary["samples_per_sec"])
@@ -247,6 +257,7 @@ def run_point(n, model, args, runs_dir, cores, repeat):
         raise ScalingError(f"{model} N={n} failed ({why}): {last} [log: {log}]")
     point = make_point(read_summary(metrics), model, args.mode, n, args.batch_size, cores)
     point["wall_s"] = round(time.perf_counter() - t0, 2)
+    point["threads"] = threads_flag(args.extra)
     return point
 
 

@@ -158,7 +158,7 @@ def test_best_of_repeats_and_speedup_base():
 
 
 def _have_cli():
-    return (REPO / "mpitrain" / "__main__.py").exists() and (REPO / "mpitrain" / "train.py").exists()
+    return all((REPO / "mpitrain" / f).exists() for f in ("__main__.py", "train.py"))
 
 
 @pytest.mark.skipif(not Path(MPIEXEC).exists(), reason=f"no mpiexec at {MPIEXEC}")

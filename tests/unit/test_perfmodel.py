@@ -29,8 +29,8 @@ pm = load()
 
 def synthetic(ranks=(2,), noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
-    ring = [(n, r, float(pm.ring_time(n, r, ALPHA, BETA, GAMMA)) * (1 + noise * rng.standard_normal()))
-            for r in ranks for n in SIZES]
+    ring = [(n, r, float(pm.ring_time(n, r, ALPHA, BETA, GAMMA))
+             * (1 + noise * rng.standard_normal())) for r in ranks for n in SIZES]
     red = [(n, (2e-6 + n * GAMMA) * (1 + noise * rng.standard_normal())) for n in SIZES]
     return ring, red
 
@@ -185,6 +185,30 @@ def test_loaders_read_the_documented_format(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(pm.ModelError, match="not JSON"):
         pm.load_step(tmp_path / "bad.json")
+
+
+def test_loaders_read_the_sibling_benchmarks_formats(tmp_path):
+    # benchmarks/allreduce.py: "ours_s" per size; under --algo auto only sizes from the ring
+    # threshold up ran the ring. benchmarks/step.py: nested best/median rounds, threads.
+    ring, _ = synthetic((2,))
+    doc = {"ranks": 2, "algo": "auto", "ring_threshold_bytes": 65536,
+           "results": [{"bytes": n, "iters": 5, "ours_s": t, "mpi_s": t} for n, _, t in ring]}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    got, red = pm.load_allreduce(tmp_path / "a.json")
+    assert red is None and [g[0] for g in got] == [n for n in SIZES if n >= 65536]
+    (tmp_path / "m.json").write_text(json.dumps(dict(doc, algo="mpi")))
+    with pytest.raises(pm.ModelError, match="no ring timings"):
+        pm.load_allreduce(tmp_path / "m.json")
+    step = {"argv": [], "results": [
+        {"model": "mlp", "batch": 64, "threads": t, "best": {"step_ms": ms, "fwd_ms": 1.0},
+         "median": {"step_ms": ms * 1.2, "fwd_ms": 1.1}} for t, ms in ((1, 10.0), (2, 6.0))]}
+    (tmp_path / "s1.json").write_text(json.dumps({"results": step["results"][:1]}))
+    (tmp_path / "s2.json").write_text(json.dumps({"results": step["results"][1:]}))
+    steps = pm.load_step([tmp_path / "s1.json", tmp_path / "s2.json"], "best")
+    assert steps["mlp"] == [(64, pytest.approx(0.010), 1, None),
+                            (64, pytest.approx(0.006), 2, None)]
+    med = pm.load_step(tmp_path / "s1.json")
+    assert med["mlp"][0][1] == pytest.approx(0.012)
 
 
 def test_script_end_to_end(tmp_path):
