@@ -1,7 +1,8 @@
 """Performance model: fit our ring's alpha/beta/gamma, predict step time and efficiency to N=1024.
 
     python benchmarks/perfmodel.py --allreduce out/bench/allreduce.json \\
-        --step out/bench/step.json --scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us --out out/bench
+        --step out/bench/step.json --scaling out/bench/scaling-weak.json \\
+        --link 25Gbps,5us --link 100Gbps,2us --out out/bench
 
 The model (docs/benchmarks.md, "Performance model", says the same with its limits). One ring
 allreduce of n bytes over N ranks takes
