@@ -22,6 +22,8 @@ DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10":
 # Per-sample input shape the conv models accept (the MLP adapts its input width to the data).
 MODEL_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
 ENV_PREFIX = "MPITRAIN_"
+# Older names the comm layer reads itself; honoured when the field's own variable is unset.
+ENV_ALIASES = {"fusion_threshold_bytes": "MPITRAIN_FUSION_THRESHOLD"}
 
 
 class UsageError(ValueError):
@@ -114,6 +116,9 @@ class Config:
             # Between averages the replicas differ; a checkpoint must hold one model, not N.
             raise UsageError(f"--checkpoint-every {self.checkpoint_every} must be a multiple of "
                              f"--average-every {self.average_every} with --average weights")
+        if self.fp16_allreduce and self.average == "weights":
+            raise UsageError("--fp16-allreduce compresses gradients; it does not apply to "
+                             "--average weights")
         if self.hidden is not None and self.model != "mlp":
             raise UsageError(f"--hidden {','.join(map(str, self.hidden))}: only for --model mlp, "
                              f"not {self.model!r}")
@@ -177,6 +182,9 @@ def from_env(environ=None, base=None):
     changes = {}
     for f in dataclasses.fields(Config):
         key = env_name(f.name)
+        alias = ENV_ALIASES.get(f.name)
+        if key not in environ and alias and alias in environ:
+            key = alias
         if key in environ:
             changes[f.name] = parse_value(f, environ[key], key)
     return base.replace(**changes)

@@ -1,0 +1,435 @@
+"""The training loop of ``python -m mpitrain``: shard -> forward/backward -> step -> eval -> save.
+
+Every rank runs this same function on the same Config. The rules that keep N processes one job:
+
+- Decisions that lead to a collective are taken from values every rank has (the Config, the
+  dataset sizes, a checkpoint rank 0 read and broadcast); bad input found while setting up goes
+  through ``_agree``, so it becomes the same UsageError on every rank (exit code 2, no hang).
+- Data: ``DistributedSampler`` gives rank r the elements r, r+N, ... of each global batch of a
+  seeded per-epoch permutation, so global batch t is the same sample set for any N, and every rank
+  runs the same number of steps (the ragged tail of an epoch is dropped).
+- Averaging: ``DistributedOptimizer`` (gradients through the fusion buffer and our ring, or PNNL
+  weight averaging every k steps); its ``comm_time_s`` is the communication time we report.
+- Rank 0 alone prints (config once, a tqdm bar, the test accuracy) and writes files (metrics,
+  checkpoints, --save); evaluation is sharded and its counts summed across ranks.
+
+Timing: the first ``min(TIMING_WARMUP_STEPS, steps // 2)`` steps of a job (JIT compilation, cold
+caches) are excluded from samples_per_sec / step_time_ms / comm_time_ms; evaluation and checkpoint
+time are never in them. samples_per_sec is global: all ranks' samples per second of step time.
+
+Learning rate: ``--lr`` as given (times N with ``--scale-lr``); with ``--warmup-epochs w`` it ramps
+linearly with the fraction of epochs done, ``lr * min(1, epochs_done / w)`` -- a function of the
+data position only, so a resumed job (on any N with the same global batch) continues the ramp.
+"""
+import json
+import os
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+import mpitrain as mt
+from mpitrain import checkpoint as ckpt
+from mpitrain import threads
+from mpitrain.config import MODEL_SHAPES, UsageError
+from mpitrain.data import DataError
+from mpitrain.data.sampler import DistributedSampler
+from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
+                                  broadcast_parameters)
+
+TIMING_WARMUP_STEPS = 5
+EVAL_BATCH = 500
+LOG_RECORDS_PER_EPOCH = 10
+TEST_FRACTION = 4  # --dataset synthetic: test set = synthetic_samples // 4
+
+
+def _agree(fn, *args):
+    """``fn(*args)`` on every rank; a bad-input error on any rank is raised on every rank."""
+    try:
+        result, error = fn(*args), None
+    except (UsageError, DataError) as exc:
+        result, error = None, exc
+    messages = mt.allgather_object(None if error is None else str(error))
+    first = next((m for m in messages if m is not None), None)
+    if first is not None:
+        raise error if error is not None else UsageError(first)
+    return result
+
+
+def _backend(config):
+    """The kernel module for --device/--kernels; UsageError if it cannot run here."""
+    try:
+        if config.device == "cuda":
+            from mpitrain.comm import device
+            device.select_device()
+        backend = mt.kernels.get(config.device, config.kernels)
+        backend.zeros((1,), np.float32)  # fails here, not mid-step, if no device is usable
+    except Exception as exc:  # noqa: BLE001 - any import/driver failure is the same bad input
+        flavour = f" --kernels {config.kernels}" if config.kernels else ""
+        raise UsageError(f"--device {config.device}{flavour}: backend unavailable "
+                         f"({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    return backend
+
+
+def _datasets(config):
+    if config.dataset != "synthetic":
+        return (mt.data.load(config.dataset, "train", config.data_dir),
+                mt.data.load(config.dataset, "test", config.data_dir))
+    n_test = max(1, config.synthetic_samples // TEST_FRACTION)
+    shape = MODEL_SHAPES.get(config.model, (1, 28, 28))
+    # One draw for both splits, so the test set has the training set's class prototypes.
+    full = mt.data.synthetic(config.synthetic_samples + n_test, shape, seed=config.seed)
+    cut = config.synthetic_samples
+    split = [type(full)(full.images[s], full.labels[s], full.classes, "synthetic")
+             for s in (slice(0, cut), slice(cut, None))]
+    return split[0], split[1]
+
+
+def _check_sizes(config, train_set, test_set, size):
+    sizes = mt.allgather_object((len(train_set), len(test_set)))
+    if len(set(sizes)) > 1:  # a decision every rank must take identically: compare first
+        raise UsageError(f"ranks see different {config.dataset} datasets (train, test sizes per "
+                         f"rank: {sizes}); give every rank the same files")
+    global_batch = config.batch_size * size
+    if global_batch > len(train_set):
+        raise UsageError(f"--batch-size {config.batch_size} x {size} ranks = {global_batch} "
+                         f"exceeds the {len(train_set)} training samples of {config.dataset}")
+    if size > len(test_set):
+        raise UsageError(f"{size} ranks but the {config.dataset} test set has only "
+                         f"{len(test_set)} samples (each rank scores at least one)")
+
+
+def _build_model(config, train_set, backend):
+    kw = dict(seed=config.seed, kernels=backend, classes=train_set.classes)
+    if config.model == "mlp":
+        kw["in_features"] = int(np.prod(train_set.images.shape[1:]))
+        if config.hidden is not None:
+            kw["hidden"] = tuple(config.hidden)
+    return mt.models.get(config.model, **kw)
+
+
+def _build_optimizer(config, model, lr):
+    params = model.parameters()
+    if config.optimizer == "adam":
+        inner = mt.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)
+    else:
+        inner = mt.optim.SGD(params, lr=lr, momentum=config.momentum,
+                             weight_decay=config.weight_decay)
+    compression = Compression.fp16 if config.fp16_allreduce else Compression.none
+    return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
+                                average=config.average, average_every=config.average_every)
+
+
+def _read_checkpoint(config):
+    """Rank 0: the newest valid checkpoint as plain data (or None); others: None."""
+    if mt.rank() != 0:
+        return None
+    found, skipped = ckpt.load_latest(config.checkpoint_dir)
+    for reason in skipped:
+        print(f"mpitrain: skipping {reason}", file=sys.stderr, flush=True)
+    if found is None:
+        return None
+    return {"path": found.path, "params": found.params, "optimizer": found.optimizer_state,
+            "meta": found.meta}
+
+
+def _restore(config, state, model, optimizer):
+    """Load a broadcast checkpoint into model and optimizer; CheckpointError if it does not fit."""
+    meta, path = state["meta"], state["path"]
+    for key in ("model", "dataset", "optimizer", "seed"):
+        if meta.get(key) != getattr(config, key):
+            flag = "--" + key
+            raise ckpt.CheckpointError(f"{path} was written with {flag} {meta.get(key)!r}, "
+                                       f"not {getattr(config, key)!r}")
+    try:
+        model.load_state_dict(state["params"])
+        optimizer.load_state_dict(state["optimizer"])
+    except ValueError as exc:
+        raise ckpt.CheckpointError(f"{path} does not fit this model: {exc}") from None
+    return meta
+
+
+class _Metrics:
+    """JSON lines on rank 0 (nothing elsewhere); opened only once the job is known to be valid."""
+
+    def __init__(self, path, rank, append):
+        self.file = None
+        if path and rank == 0:
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            self.file = open(path, "a" if append else "w")
+
+    def write(self, record):
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+class _Trainer:
+    def __init__(self, config, backend, train_set, test_set, model, optimizer, base_lr):
+        self.config, self.k = config, backend
+        self.train_set, self.test_set = train_set, test_set
+        self.model, self.optimizer = model, optimizer
+        self.base_lr = base_lr
+        self.rank, self.size = mt.rank(), mt.size()
+        self.global_batch = config.batch_size * self.size
+        self.loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
+        self.eval_loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
+        self.sampler = DistributedSampler(len(train_set), self.size, self.rank, seed=config.seed,
+                                          batch_size=config.batch_size)
+        self.step, self.epoch, self.pos = 0, 0, 0
+        self.step_times, self.comm_times = [], []
+        self.interval = np.zeros(3)  # loss sum, correct, samples since the last record
+        self.epoch_stats = np.zeros(3)
+        self.last_eval = None
+        self.last_eval_step = None
+        self.last_checkpoint_step = None
+
+    # -- schedule ------------------------------------------------------------------------------
+    def steps_per_epoch(self):
+        return len(self.train_set) // self.global_batch
+
+    def remaining_steps(self):
+        c = self.config
+        if c.steps is not None:
+            return max(0, c.steps - self.step)
+        if self.epoch >= c.epochs:
+            return 0
+        left = (len(self.train_set) - self.pos) // self.global_batch
+        return left + (c.epochs - self.epoch - 1) * self.steps_per_epoch()
+
+    def done(self):
+        c = self.config
+        return self.step >= c.steps if c.steps is not None else self.epoch >= c.epochs
+
+    def lr_now(self):
+        if self.config.warmup_epochs <= 0:
+            return self.base_lr
+        done = self.epoch + (self.pos + self.global_batch) / len(self.train_set)
+        return self.base_lr * min(1.0, done / self.config.warmup_epochs)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _to_backend(self, data, idx, shape):
+        host = np.ascontiguousarray(data[idx]).reshape((len(idx),) + shape)  # (b, ...)
+        return host if self.k.name == "cpu" else self.k.to_device(host)
+
+    def train_step(self, idx):
+        start = time.perf_counter()
+        comm_before = self.optimizer.comm_time_s
+        x = self._to_backend(self.train_set.images, idx, self.model.input_shape)  # (b, ...)
+        y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
+        self.optimizer.lr = self.lr_now()
+        self.optimizer.zero_grad()
+        logits = self.model.forward(x)                                            # (b, K)
+        loss = self.loss_fn.forward(logits, y)
+        self.model.backward(self.loss_fn.backward())
+        self.optimizer.step()
+        self.k.synchronize()
+        self.step_times.append(time.perf_counter() - start)
+        self.comm_times.append(self.optimizer.comm_time_s - comm_before)
+        stats = (loss * len(idx), self.loss_fn.correct, len(idx))
+        self.interval += stats
+        self.epoch_stats += stats
+        return loss
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self):
+        """(accuracy, mean loss, correct, total) on the test set, sharded and summed."""
+        self.model.eval()
+        mine = np.arange(self.rank, len(self.test_set), self.size)
+        correct, loss_sum = 0, 0.0
+        for s in range(0, len(mine), EVAL_BATCH):
+            j = mine[s:s + EVAL_BATCH]
+            x = self._to_backend(self.test_set.images, j, self.model.input_shape)
+            y = self._to_backend(self.test_set.labels, j, ())
+            loss_sum += self.eval_loss_fn.forward(self.model.forward(x), y) * len(j)
+            correct += self.eval_loss_fn.correct
+        self.model.train()
+        totals = mt.allreduce(np.array([correct, len(mine), loss_sum], np.float64), op=mt.Sum)
+        correct, total, loss_sum = int(totals[0]), int(totals[1]), float(totals[2])
+        self.last_eval = (correct / total, loss_sum / total, correct, total)
+        self.last_eval_step = self.step
+        return self.last_eval
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def can_checkpoint(self):
+        # Between weight averages the replicas differ; a checkpoint holds one model.
+        c = self.config
+        return c.average == "gradients" or self.step % c.average_every == 0
+
+    def save_checkpoint(self):
+        c = self.config
+        if self.rank == 0:
+            meta = {"model": c.model, "dataset": c.dataset, "optimizer": c.optimizer,
+                    "seed": c.seed, "epoch": self.epoch, "epoch_position_samples": self.pos,
+                    "global_batch": self.global_batch, "ranks": self.size,
+                    "hidden": list(c.hidden) if c.hidden else None}
+            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(),
+                      self.optimizer.state_dict(), meta)
+        self.last_checkpoint_step = self.step
+
+    # -- timing --------------------------------------------------------------------------------
+    def timing(self, times=None, comms=None):
+        """(samples/s global, step ms, comm ms) over the timed steps, averaged over ranks."""
+        times = self.step_times if times is None else times
+        comms = self.comm_times if comms is None else comms
+        warm = min(TIMING_WARMUP_STEPS, len(times) // 2)
+        n = len(times) - warm
+        local = np.array([sum(times[warm:]), sum(comms[warm:])], np.float64)
+        total_s, comm_s = mt.allreduce(local, op=mt.Average)
+        if n <= 0 or total_s <= 0:
+            return 0.0, 0.0, 0.0
+        return n * self.global_batch / total_s, 1e3 * total_s / n, 1e3 * comm_s / n
+
+
+def _say(rank, text):
+    if rank == 0:
+        print(text, flush=True)
+
+
+def _print_config(config, size, n_threads, backend, model):
+    lines = [f"mpitrain: {size} rank(s) x {n_threads} thread(s), backend {backend.name}, "
+             f"{model.num_parameters()} parameters"]
+    items = " ".join(f"{k}={v}" for k, v in config.as_dict().items())
+    lines += textwrap.wrap(items, 98, initial_indent="  ", subsequent_indent="  ")
+    print("\n".join(lines), flush=True)
+
+
+def run(config):
+    """Train as ``config`` says; returns the summary record (the same dict on every rank)."""
+    mt.init()
+    rank, size = mt.rank(), mt.size()
+    n_threads = threads.configure(config.threads, mt.local_size())
+    # The comm layer reads its fusion threshold here on every grouped allreduce.
+    os.environ["MPITRAIN_FUSION_THRESHOLD"] = str(config.fusion_threshold_bytes)
+
+    backend = _agree(_backend, config)
+    train_set, test_set = _agree(_datasets, config)
+    _agree(_check_sizes, config, train_set, test_set, size)
+    model = _build_model(config, train_set, backend)
+    base_lr = config.lr * (size if config.scale_lr else 1)
+    optimizer = _build_optimizer(config, model, base_lr)
+    trainer = _Trainer(config, backend, train_set, test_set, model, optimizer, base_lr)
+
+    resumed = None
+    if config.resume:
+        state = mt.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
+        if state is not None:
+            resumed = _agree(_restore, config, state, model, optimizer.optimizer)
+            trainer.step = resumed["step"]
+            trainer.epoch = resumed["epoch"]
+            trainer.pos = resumed["epoch_position_samples"]
+            trainer.last_checkpoint_step = trainer.step
+    # Every replica starts from rank 0's state (the zoo's seeded init already agrees; a model
+    # built or loaded differently on some rank would not).
+    broadcast_parameters(model.named_parameters(), root_rank=0)
+    broadcast_optimizer_state(optimizer, root_rank=0)
+
+    # From here on the job is valid: files may be written.
+    metrics = _Metrics(config.metrics_json, rank, append=resumed is not None)
+    if rank == 0:
+        _print_config(config, size, n_threads, backend, model)
+        if config.resume:
+            print(f"mpitrain: resumed from {state['path']} at step {trainer.step}"
+                  if resumed else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
+                                  f"starting at step 0", flush=True)
+    try:
+        summary = _loop(trainer, metrics)
+    finally:
+        metrics.close()
+    return summary
+
+
+def _progress(trainer):
+    if trainer.rank != 0 or trainer.config.no_progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=trainer.remaining_steps(), unit="step", dynamic_ncols=True,
+                file=sys.stderr, desc=f"epoch {trainer.epoch + 1}")
+
+
+def _loop(t, metrics):
+    c = t.config
+    spe = t.steps_per_epoch()
+    log_every = max(1, spe // LOG_RECORDS_PER_EPOCH)
+    bar = _progress(t)
+    start_step = t.step
+    mark = 0  # index into step_times where the current log interval began
+    batches, i = None, 0
+    wall = time.perf_counter()
+    while not t.done():
+        if batches is None:
+            t.sampler.set_epoch(t.epoch, t.pos)
+            batches, i = t.sampler.indices(), 0  # (steps, b)
+            t.epoch_stats[:] = 0
+        loss = t.train_step(batches[i])
+        i += 1
+        t.step += 1
+        t.pos += t.global_batch
+        epoch_end = t.pos + t.global_batch > len(t.train_set)
+        if epoch_end:
+            t.epoch, t.pos, batches = t.epoch + 1, 0, None
+        if bar is not None:
+            sps = t.global_batch / max(t.step_times[-1], 1e-9)
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{t.loss_fn.correct / c.batch_size:.2f}",
+                            samples_s=f"{sps:.0f}", refresh=False)
+            bar.set_description(f"epoch {t.epoch + (0 if epoch_end else 1)}", refresh=False)
+            bar.update(1)
+
+        if t.step % log_every == 0 or epoch_end or t.done():
+            sums = mt.allreduce(t.interval, op=mt.Sum)
+            sps, step_ms, comm_ms = t.timing(t.step_times[mark:], t.comm_times[mark:])
+            metrics.write({"event": "step", "step": t.step,
+                           "epoch": t.epoch + t.pos / len(t.train_set),
+                           "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
+                           "lr": t.optimizer.lr, "samples_per_sec": sps,
+                           "step_time_ms": step_ms, "comm_time_ms": comm_ms})
+            t.interval[:] = 0
+            mark = len(t.step_times)
+        if (c.eval_every and t.step % c.eval_every == 0) or (epoch_end and not c.eval_every):
+            acc, test_loss, _, _ = t.evaluate()
+            if bar is not None:
+                bar.write(f"step {t.step}: test accuracy {acc:.4f}, test loss {test_loss:.4f}")
+        if epoch_end:
+            sums = mt.allreduce(t.epoch_stats, op=mt.Sum)
+            record = {"event": "epoch", "epoch": t.epoch, "step": t.step,
+                      "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
+            if t.last_eval_step == t.step:
+                record.update(test_accuracy=t.last_eval[0], test_loss=t.last_eval[1])
+            metrics.write(record)
+        if c.checkpoint_dir and c.checkpoint_every and t.step % c.checkpoint_every == 0:
+            t.save_checkpoint()
+    if bar is not None:
+        bar.close()
+
+    if c.average == "weights" and t.step % c.average_every:
+        t.optimizer.average_weights()  # end on one model, not N
+    if c.checkpoint_dir and t.last_checkpoint_step != t.step and t.can_checkpoint():
+        t.save_checkpoint()
+    if t.last_eval_step != t.step or t.last_eval is None:
+        t.evaluate()
+    acc, test_loss, correct, total = t.last_eval
+    sps, step_ms, comm_ms = t.timing()
+    if c.save and t.rank == 0:
+        ckpt.atomic_savez(c.save, t.model.state_dict())
+    summary = {"event": "summary", "test_accuracy": acc, "test_loss": test_loss,
+               "test_correct": correct, "test_samples": total,
+               "samples_per_sec": sps, "step_time_ms": step_ms, "comm_time_ms": comm_ms,
+               "comm_share": comm_ms / step_ms if step_ms else 0.0,
+               "ranks": t.size, "steps": t.step, "steps_run": t.step - start_step,
+               "epoch": t.epoch + t.pos / len(t.train_set),
+               "global_batch": t.global_batch, "model": c.model, "dataset": c.dataset,
+               "average": c.average, "wall_time_s": time.perf_counter() - wall}
+    metrics.write(summary)
+    _say(t.rank, f"test accuracy: {acc:.4f} ({correct}/{total}), test loss {test_loss:.4f}; "
+                 f"{t.step} steps, {sps:.0f} samples/s over {t.size} rank(s), "
+                 f"step {step_ms:.1f} ms, comm {comm_ms:.1f} ms")
+    return summary
+
+
+__all__ = ["run", "TIMING_WARMUP_STEPS"]
