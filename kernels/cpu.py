@@ -230,19 +230,28 @@ def im2col(x, cols, kh, kw, stride, pad):
     ow = (w + 2 * pad - kw) // stride + 1
     for n in prange(n_img):
         for i in range(oh):
+            h0 = i * stride - pad
             for j in range(ow):
+                w0 = j * stride - pad
+                # The kernel columns that fall inside the image: [lo, hi); padding elsewhere.
+                lo = max(0, -w0)
+                hi = min(kw, w - w0)
                 row = (n * oh + i) * ow + j     # cols: (N*OH*OW, C*KH*KW)
                 col = 0
                 for c in range(chans):
                     for ki in range(kh):
-                        hi = i * stride - pad + ki
-                        for kj in range(kw):
-                            wj = j * stride - pad + kj
-                            if 0 <= hi < h and 0 <= wj < w:
-                                cols[row, col] = x[n, c, hi, wj]
-                            else:
-                                cols[row, col] = 0
-                            col += 1
+                        hh = h0 + ki
+                        if hh < 0 or hh >= h:
+                            for kj in range(kw):
+                                cols[row, col + kj] = 0
+                        else:
+                            for kj in range(lo):
+                                cols[row, col + kj] = 0
+                            for kj in range(lo, hi):
+                                cols[row, col + kj] = x[n, c, hh, w0 + kj]
+                            for kj in range(max(hi, lo), kw):
+                                cols[row, col + kj] = 0
+                        col += kw
 
 
 @njit(cache=True, parallel=True)
@@ -253,17 +262,20 @@ def col2im(cols, dx, kh, kw, stride, pad):
     for n in prange(n_img):
         dx[n] = 0
         for i in range(oh):
+            h0 = i * stride - pad
             for j in range(ow):
+                w0 = j * stride - pad
+                lo = max(0, -w0)
+                hi = min(kw, w - w0)
                 row = (n * oh + i) * ow + j
                 col = 0
                 for c in range(chans):
                     for ki in range(kh):
-                        hi = i * stride - pad + ki
-                        for kj in range(kw):
-                            wj = j * stride - pad + kj
-                            if 0 <= hi < h and 0 <= wj < w:
-                                dx[n, c, hi, wj] += cols[row, col]
-                            col += 1
+                        hh = h0 + ki
+                        if 0 <= hh < h:
+                            for kj in range(lo, hi):
+                                dx[n, c, hh, w0 + kj] += cols[row, col + kj]
+                        col += kw
 
 
 @njit(cache=True, parallel=True)
