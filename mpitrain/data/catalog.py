@@ -3,13 +3,17 @@
 One table, so the reader (loader.py), the search (locate.py) and the download (fetch.py) agree on
 file names and checksums without repeating them.
 
-Checksums are SHA-256 of the files exactly as the official sources serve them. Fashion-MNIST's
-and MNIST's agree with the values that TensorFlow Datasets and many projects pin (the MD5s of the
-same files match those in the Fashion-MNIST README and torchvision); CIFAR-10's archive hash is the
-one TensorFlow Datasets pins (its MD5 c32a1d4ab5d03f1284b67883e8d87530 is the one the CIFAR page
-publishes). Debian's `dataset-fashion-mnist` ships the same IDX bytes but re-wrapped gzips (no
-original file name in the gzip header, 23-24 bytes shorter), so its .gz hashes differ; fetch only
-verifies what it downloads, and locally installed files are checked structurally by the readers.
+Checksums are SHA-256 of the files exactly as the official sources serve them.
+- Fashion-MNIST: derived from the real files. Debian's `dataset-fashion-mnist` re-wraps the
+  official gzips (same deflate stream; header without the original file name, so 23-24 bytes
+  shorter, and a 2020 mtime); restoring the original header rebuilds the official files byte for
+  byte, and their SHA-256s are the ones below (tests/unit/test_data_catalog.py redoes this
+  wherever the package is installed). They also match what TensorFlow Datasets pins.
+- MNIST: the values TensorFlow Datasets and many projects pin (not checkable offline here).
+- CIFAR-10: the archive hash TensorFlow Datasets pins, with the size 170,052,171 bytes; its MD5,
+  c32a1d4ab5d03f1284b67883e8d87530, is the one the CIFAR page publishes (not checkable here).
+Installed copies are never hash-checked (Debian's differ in their gzip header); the readers check
+their structure instead.
 
 Normalisation constants are the mean/std of the training split's pixels scaled to [0, 1]
 (Fashion-MNIST's were measured on the real files: 0.2860, 0.3530).
