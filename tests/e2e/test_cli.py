@@ -1,0 +1,167 @@
+"""``mpiexec -n N python -m mpitrain`` end to end: output discipline, metrics, bad input -> exit 2.
+
+Every job is tiny (synthetic data, an MLP with one hidden layer of 16) and runs under
+``timeout -k 5 120``; MPIEXEC names the launcher (default: the venv's mpich wheel).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
+        "--batch-size", "8", "--no-progress"]
+
+
+def mpitrain(n, *flags, cwd, env=None):
+    """Run the CLI on n ranks; CompletedProcess with text stdout/stderr."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
+    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    clean.update(env or {})
+    cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
+           *flags]
+    proc = subprocess.run(cmd, cwd=cwd, env=clean, capture_output=True, text=True, timeout=150)
+    assert proc.returncode not in (124, 137), f"timed out: {cmd}\n{proc.stderr[-2000:]}"
+    return proc
+
+
+def records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def test_two_ranks_train_print_once_and_report(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    save = tmp_path / "final.npz"
+    p = mpitrain(2, *TINY, "--epochs", "2", "--metrics-json", str(metrics), "--save", str(save),
+                 cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("mpitrain: 2 rank(s)") == 1       # config printed once, by rank 0
+    assert p.stdout.count("test accuracy:") == 1
+    assert "Traceback" not in p.stderr
+    recs = records(metrics)
+    summary = recs[-1]
+    assert summary["event"] == "summary"
+    for key in ("test_accuracy", "samples_per_sec", "step_time_ms", "comm_time_ms", "ranks",
+                "steps"):
+        assert key in summary, key
+    assert summary["ranks"] == 2
+    assert summary["steps"] == 2 * (256 // 16)              # 2 epochs of 16 global batches
+    assert summary["test_samples"] == 64                     # every test sample scored once
+    assert summary["test_accuracy"] > 0.9                    # synthetic classes are separable
+    assert summary["samples_per_sec"] > 0
+    assert 0 < summary["comm_time_ms"] <= summary["step_time_ms"]
+    steps = [r for r in recs if r["event"] == "step"]
+    epochs = [r for r in recs if r["event"] == "epoch"]
+    assert len(epochs) == 2 and all("test_accuracy" in r for r in epochs)
+    assert steps and all({"loss", "accuracy", "samples_per_sec", "comm_time_ms"} <= set(r)
+                         for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    with np.load(save, allow_pickle=False) as z:
+        assert sorted(z.files) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+        assert z["0.weight"].shape == (784, 16) or z["0.weight"].shape == (16, 784)
+    assert sorted(os.listdir(tmp_path)) == ["final.npz", "m.jsonl"]
+
+
+def test_one_rank_equals_default_launch_without_mpiexec(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMI_")}
+    env.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "mpitrain", *TINY, "--steps", "3"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "mpitrain: 1 rank(s)" in p.stdout and "test accuracy:" in p.stdout
+
+
+@pytest.mark.parametrize("flags", [["--average", "weights", "--average-every", "2"],
+                                   ["--fp16-allreduce"], ["--optimizer", "adam", "--lr", "0.01"],
+                                   ["--scale-lr", "--warmup-epochs", "0.5"]])
+def test_variants_run(tmp_path, flags):
+    metrics = tmp_path / "m.jsonl"
+    p = mpitrain(2, *TINY, "--steps", "10", "--metrics-json", str(metrics), *flags,
+                 cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert records(metrics)[-1]["steps"] == 10
+
+
+def test_env_sets_flags_and_flags_win(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    p = mpitrain(2, *TINY, "--metrics-json", str(metrics), cwd=tmp_path,
+                 env={"MPITRAIN_STEPS": "4", "MPITRAIN_BATCH_SIZE": "4"})
+    assert p.returncode == 0, p.stderr
+    summary = records(metrics)[-1]
+    assert summary["steps"] == 4                 # from the environment
+    assert summary["global_batch"] == 2 * 8      # TINY's --batch-size 8 beats MPITRAIN_BATCH_SIZE
+    p = mpitrain(2, "--no-progress", cwd=tmp_path, env={"MPITRAIN_BATCH_SIZE": "0"})
+    assert p.returncode == 2 and p.stderr.strip() == "mpitrain: error: --batch-size 0: must be >= 1"
+
+
+def test_help_prints_once(tmp_path):
+    p = mpitrain(2, "--help", cwd=tmp_path)
+    assert p.returncode == 0
+    assert p.stdout.count("usage:") == 1 and "--fusion-threshold-bytes" in p.stdout
+
+
+def _corrupt_data_dir(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (d / name).write_bytes(b"\x00\x00\x08\x03not an idx file")
+    return d
+
+
+def _other_model_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    p = mpitrain(1, *TINY, "--steps", "2", "--checkpoint-dir", str(ck), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    return ck
+
+
+BAD = {
+    "unknown model": (["--model", "resnet50"], "--model 'resnet50'"),
+    "batch 0": (["--batch-size", "0"], "--batch-size 0"),
+    "negative lr": (["--lr", "-0.1"], "--lr -0.1"),
+    "unknown flag": (["--bogus"], "--bogus"),
+    "corrupt dataset": (["--dataset", "fashion-mnist", "--data-dir", "{data}"], "{data}"),
+    "missing dataset": (["--dataset", "cifar10", "--model", "cifar_cnn",
+                         "--data-dir", "{tmp}/nowhere"], "cifar"),
+    "more ranks than test samples": (["--synthetic-samples", "4", "--batch-size", "1"],
+                                     "test set has only 1"),
+    "batch larger than data": (["--synthetic-samples", "8", "--batch-size", "8"], "exceeds"),
+    "checkpoint of another model": (["--model", "lenet", "--hidden", "", "--resume",
+                                     "--checkpoint-dir", "{ck}"], "--model 'mlp'"),
+    "resume without dir": (["--resume"], "--resume needs --checkpoint-dir"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_one_line_on_rank_0_exit_2_no_files(tmp_path, case):
+    flags, needle = BAD[case]
+    fill = {"tmp": tmp_path}
+    if "{data}" in " ".join(flags):
+        fill["data"] = _corrupt_data_dir(tmp_path)
+    if "{ck}" in " ".join(flags):
+        fill["ck"] = _other_model_checkpoint(tmp_path)
+    flags = [f.format(**fill) for f in flags]
+    needle = needle.format(**fill)
+    if case == "checkpoint of another model":  # lenet takes no --hidden: drop TINY's
+        base = [f for f in TINY if f not in ("--hidden", "16")]
+        flags = [f for f in flags if f not in ("--hidden", "")]
+    else:
+        base = TINY
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    metrics = tmp_path / "m.jsonl"
+    p = mpitrain(2, *base, *flags, "--metrics-json", str(metrics), "--save",
+                 str(tmp_path / "s.npz"), cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr                 # one line, from rank 0 only, no traceback
+    assert lines[0].startswith("mpitrain: error: ") and needle in lines[0], lines[0]
+    assert p.stdout == ""
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert after == before                           # no metrics, no save, no checkpoint
