@@ -19,6 +19,7 @@ GEMM is the classic tiled shared-memory kernel (one output element per thread, `
 with the thread index on the contiguous axis so global reads stay coalesced).
 """
 import math
+import sys
 
 import numpy as np
 from numba import config, cuda, float64, from_dtype
@@ -34,7 +35,13 @@ if not _SIM and not cuda.is_available():
 _TPB = 32 if _SIM else 256          # threads per block of the 1-D kernels (a power of two)
 _MAX_BLOCKS = 2 if _SIM else 2048   # grid-stride loops cover whatever is beyond
 _TILE = 8 if _SIM else 16           # GEMM tile edge (threads per block = _TILE**2)
+_MAX_GEMM_BLOCKS = 2 if _SIM else 2**31 - 1
 _OPS = ("sum", "min", "max", "prod")
+if _SIM:
+    # The simulator runs each GPU thread as a Python thread and busy-polls them at every
+    # syncthreads(); a shorter GIL switch interval than the default 5 ms makes those barrier
+    # rounds several times faster. Only simulated runs (tests) are affected.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 5e-4))
 
 
 # --- Array plumbing -----------------------------------------------------------------------------
@@ -205,42 +212,46 @@ def _make_gemm(dtype):
 
     @cuda.jit
     def gemm_k(a, b, out, trans_a, trans_b, accumulate):
-        # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N)
+        # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes output tiles
+        # b, b + gridDim.x, ... (one tile per block on a GPU; few blocks under the simulator)
         sa = cuda.shared.array((tile, tile + 1), nbt)     # sa[i, k] = op(a)[row0 + i, k0 + k]
         sb = cuda.shared.array((tile, tile + 1), nbt)     # sb[k, j] = op(b)[k0 + k, col0 + j]
         m, n = out.shape
         kdim = a.shape[0] if trans_a else a.shape[1]
+        tiles_n = (n + tile - 1) // tile
+        tiles = ((m + tile - 1) // tile) * tiles_n
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        row0 = cuda.blockIdx.y * tile
-        col0 = cuda.blockIdx.x * tile
-        acc = nbt(0)
-        for k0 in range(0, kdim, tile):
-            # op(a) tile; for trans_a read a[k, i] with tx on a's contiguous axis
-            if trans_a:
-                r, kk = row0 + tx, k0 + ty
-                sa[tx, ty] = a[kk, r] if (r < m and kk < kdim) else nbt(0)
-            else:
-                r, kk = row0 + ty, k0 + tx
-                sa[ty, tx] = a[r, kk] if (r < m and kk < kdim) else nbt(0)
-            # op(b) tile; for trans_b read b[j, k] with tx on b's contiguous axis
-            if trans_b:
-                c, kk = col0 + ty, k0 + tx
-                sb[tx, ty] = b[c, kk] if (c < n and kk < kdim) else nbt(0)
-            else:
-                c, kk = col0 + tx, k0 + ty
-                sb[ty, tx] = b[kk, c] if (c < n and kk < kdim) else nbt(0)
-            cuda.syncthreads()
-            for k in range(tile):
-                acc += sa[ty, k] * sb[k, tx]
-            cuda.syncthreads()
-        r = row0 + ty
-        c = col0 + tx
-        if r < m and c < n:
-            if accumulate:
-                out[r, c] += acc
-            else:
-                out[r, c] = acc
+        for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+            row0 = (t // tiles_n) * tile
+            col0 = (t % tiles_n) * tile
+            acc = nbt(0)
+            for k0 in range(0, kdim, tile):
+                # op(a) tile; for trans_a read a[k, i] with tx on a's contiguous axis
+                if trans_a:
+                    r, kk = row0 + tx, k0 + ty
+                    sa[tx, ty] = a[kk, r] if (r < m and kk < kdim) else nbt(0)
+                else:
+                    r, kk = row0 + ty, k0 + tx
+                    sa[ty, tx] = a[r, kk] if (r < m and kk < kdim) else nbt(0)
+                # op(b) tile; for trans_b read b[j, k] with tx on b's contiguous axis
+                if trans_b:
+                    c, kk = col0 + ty, k0 + tx
+                    sb[tx, ty] = b[c, kk] if (c < n and kk < kdim) else nbt(0)
+                else:
+                    c, kk = col0 + tx, k0 + ty
+                    sb[ty, tx] = b[kk, c] if (c < n and kk < kdim) else nbt(0)
+                cuda.syncthreads()
+                for k in range(tile):
+                    acc += sa[ty, k] * sb[k, tx]
+                cuda.syncthreads()
+            r = row0 + ty
+            c = col0 + tx
+            if r < m and c < n:
+                if accumulate:
+                    out[r, c] += acc
+                else:
+                    out[r, c] = acc
 
     return gemm_k
 
@@ -262,7 +273,8 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     key = np.dtype(out.dtype).str
     if key not in _gemm_kernels:
         _gemm_kernels[key] = _make_gemm(out.dtype)
-    blocks = ((n + _TILE - 1) // _TILE, (m + _TILE - 1) // _TILE)
+    tiles = ((m + _TILE - 1) // _TILE) * ((n + _TILE - 1) // _TILE)
+    blocks = min(tiles, _MAX_GEMM_BLOCKS)
     _gemm_kernels[key][blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
                                                 bool(accumulate))
 

@@ -1,0 +1,485 @@
+"""CUDA backend, CuPy flavour: CuPy arrays, cuBLAS GEMMs, CuPy elementwise/raw kernels.
+
+The same names as kernels/cpu.py (see kernels/__init__.py for the contract). GEMMs go to cuBLAS
+(``cupy.matmul``; with ``accumulate`` through ``cupy.cublas.gemm`` with beta=1, so nothing is
+copied). Everything else is one ``ElementwiseKernel`` per operation, written as a gather over
+the output (im2col, col2im, layout changes, pooling), which needs no atomics and sums in a fixed
+order; only max-pool backward scatters with ``atomicAdd`` because its windows may overlap. The
+dropout mask uses the contract's exact lowbias32 hash in 32-bit arithmetic, so masks are
+bit-identical to the CPU's. Scalars are passed in the array's dtype, so float32 work stays in
+float32 (PyTorch's choice; the CPU backend computes its scalars in float64, hence tolerances).
+
+Importing this module without CuPy, or without a usable CUDA device, raises ImportError with one
+line saying what to install or which flag to use; the CLI turns it into exit code 2.
+"""
+import numpy as np
+
+try:
+    import cupy as cp
+except ImportError as _exc:
+    raise ImportError(f"--kernels cupy needs CuPy ({_exc}); install it with "
+                      "pip install -e '.[cuda]' or use --kernels numba") from None
+try:
+    _DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception as _exc:  # noqa: BLE001 - CUDARuntimeError and friends: no driver/device
+    raise ImportError(f"--kernels cupy: no usable CUDA device ({_exc})") from None
+if _DEVICES < 1:
+    raise ImportError("--kernels cupy: no CUDA device is visible")
+try:
+    from cupy import cublas as _cublas          # gemm with beta=1 (CuPy >= 9)
+except ImportError:
+    _cublas = None
+
+name = "cuda-cupy"
+_OPS = {"sum": cp.add, "prod": cp.multiply, "min": cp.minimum, "max": cp.maximum}
+
+
+# --- Array plumbing -----------------------------------------------------------------------------
+
+def _dev(a):
+    """A CuPy array for ``a`` (zero-copy for other CUDA arrays); refuse host arrays."""
+    if isinstance(a, cp.ndarray):
+        return a
+    if hasattr(a, "__cuda_array_interface__"):
+        return cp.asarray(a)
+    raise TypeError(f"cuda-cupy kernels need device arrays, got {type(a).__name__}; "
+                    "copy host data with kernels.to_device")
+
+
+def _flat(a):
+    a = _dev(a)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"array must be C-contiguous, got strides {a.strides}")
+    return a.reshape(a.size)
+
+
+def _same_size(dst, src, what):
+    if dst.size != src.size:
+        raise ValueError(f"{what}: sizes differ ({dst.size} vs {src.size})")
+
+
+def _s(a, value):
+    """``value`` as a scalar of ``a``'s dtype (the kernels' T)."""
+    return a.dtype.type(value)
+
+
+# --- Memory -------------------------------------------------------------------------------------
+
+def empty(shape, dtype=np.float32):
+    return cp.empty(shape, dtype=dtype)
+
+
+def zeros(shape, dtype=np.float32):
+    return cp.zeros(shape, dtype=dtype)
+
+
+def to_device(host):
+    return cp.array(host, copy=True, order="C")
+
+
+def to_host(a):
+    return cp.asnumpy(_dev(a))
+
+
+def synchronize():
+    cp.cuda.get_current_stream().synchronize()
+
+
+def fill(a, value):
+    _dev(a).fill(value)
+
+
+def copy(dst, src):
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "copy")
+    cp.copyto(dst, src, casting="unsafe")
+
+
+def cast(dst, src):
+    copy(dst, src)
+
+
+# integers scale in float64 and truncate toward zero, as on the CPU
+_scale_int = cp.ElementwiseKernel("float64 f", "T a", "a = (T)(a * f)", "mpitrain_scale_int")
+
+
+def scale(a, factor):
+    a = _flat(a)
+    if a.dtype.kind == "f":
+        a *= _s(a, factor)
+    else:
+        _scale_int(float(factor), a)
+
+
+def add(dst, src):
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "add")
+    dst += src
+
+
+def total(a):
+    return float(_dev(a).sum(dtype=cp.float64))
+
+
+# --- GEMM ---------------------------------------------------------------------------------------
+
+_scratch = {}
+
+
+def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
+    a, b, out = _dev(a), _dev(b), _dev(out)
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    if op_a.ndim != 2 or op_b.ndim != 2 or out.ndim != 2:
+        raise ValueError(f"gemm needs 2-D arrays, got {op_a.shape}, {op_b.shape} -> {out.shape}")
+    if op_a.shape[1] != op_b.shape[0] or out.shape != (op_a.shape[0], op_b.shape[1]):
+        raise ValueError(f"gemm shapes do not agree: {op_a.shape} @ {op_b.shape} -> {out.shape}")
+    if not accumulate:
+        cp.matmul(op_a, op_b, out=out)
+        return
+    if out.dtype.char in "fd" and a.dtype == b.dtype == out.dtype and hasattr(_cublas, "gemm"):
+        _cublas.gemm("T" if trans_a else "N", "T" if trans_b else "N", a, b, out=out,
+                  alpha=1.0, beta=1.0)
+        return
+    key = (out.shape, out.dtype.str)
+    if key not in _scratch:
+        _scratch[key] = cp.empty(out.shape, out.dtype)
+    cp.matmul(op_a, op_b, out=_scratch[key])
+    out += _scratch[key]
+
+
+# --- Dense layers -------------------------------------------------------------------------------
+
+_bias_act = cp.ElementwiseKernel(
+    "T bias, bool relu", "T y",
+    "T v = y + bias; y = (relu && v < (T)0) ? (T)0 : v;", "mpitrain_bias_act")
+_relu = cp.ElementwiseKernel("T x", "T out", "out = x > (T)0 ? x : (T)0", "mpitrain_relu")
+_relu_backward = cp.ElementwiseKernel(
+    "T y, T g", "T gin", "gin = y > (T)0 ? g : (T)0", "mpitrain_relu_backward")
+
+
+def bias_act(y, bias, relu):
+    y, bias = _dev(y), _dev(bias)
+    if y.ndim != 2 or bias.shape != (y.shape[1],):
+        raise ValueError(f"bias_act: y {y.shape} does not match bias {bias.shape}")
+    _bias_act(bias, bool(relu), y)                       # bias (F,) broadcasts over y (B, F)
+
+
+def relu(x, out):
+    x, out = _flat(x), _flat(out)
+    _same_size(out, x, "relu")
+    _relu(x, out)
+
+
+def relu_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    _same_size(grad_out, y, "relu_backward")
+    _same_size(grad_in, y, "relu_backward")
+    _relu_backward(y, grad_out, grad_in)
+
+
+def bias_grad(grad_out, grad_bias):
+    grad_out, grad_bias = _dev(grad_out), _dev(grad_bias)
+    if grad_out.ndim != 2 or grad_bias.shape != (grad_out.shape[1],):
+        raise ValueError(f"bias_grad: grad_out {grad_out.shape} does not match "
+                         f"grad_bias {grad_bias.shape}")
+    grad_bias += grad_out.sum(axis=0)                    # (F,)
+
+
+# --- Loss ---------------------------------------------------------------------------------------
+
+_XENT_SRC = r"""
+extern "C" __global__ void mpitrain_softmax_xent(const T* logits, const long long* labels,
+                                                 T* grad, T* losses, int rows, int k) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* z = logits + (long long)r * k;
+    T* g = grad + (long long)r * k;
+    T top = z[0];
+    for (int j = 1; j < k; ++j) top = z[j] > top ? z[j] : top;
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) { T e = exp(z[j] - top); g[j] = e; s += (double)e; }
+    long long label = labels[r];
+    losses[r] = (T)(log(s) + (double)top - (double)z[label]);
+    double inv = 1.0 / (s * rows);
+    for (int j = 0; j < k; ++j) g[j] = (T)((double)g[j] * inv);
+    g[label] -= (T)(1.0 / rows);
+}
+"""
+_xent_kernels = {}
+
+
+def softmax_xent(logits, labels, grad, losses):
+    logits, labels, grad, losses = _dev(logits), _dev(labels), _dev(grad), _dev(losses)
+    rows = logits.shape[0]
+    if (logits.ndim != 2 or labels.shape != (rows,) or grad.shape != logits.shape
+            or losses.shape != (rows,)):
+        raise ValueError(f"softmax_xent: logits {logits.shape}, labels {labels.shape}, grad "
+                         f"{grad.shape}, losses {losses.shape} do not match")
+    if labels.dtype != np.int64:
+        raise ValueError(f"softmax_xent: labels must be int64, got {labels.dtype}")
+    ctype = {"float32": "float", "float64": "double"}[logits.dtype.name]
+    if ctype not in _xent_kernels:
+        _xent_kernels[ctype] = cp.RawKernel(f"typedef {ctype} T;\n" + _XENT_SRC,
+                                            "mpitrain_softmax_xent")
+    if rows:
+        threads = 128
+        _xent_kernels[ctype](((rows + threads - 1) // threads,), (threads,),
+                             (logits, labels, grad, losses, np.int32(rows),
+                              np.int32(logits.shape[1])))
+
+
+def count_correct(logits, labels):
+    logits, labels = _dev(logits), _dev(labels)
+    if logits.shape[0] == 0:
+        return 0
+    return int((logits.argmax(axis=1) == labels).sum())  # argmax: first maximum, like NumPy
+
+
+# --- Convolution --------------------------------------------------------------------------------
+
+_im2col = cp.ElementwiseKernel(
+    "raw T x, int32 c_n, int32 h_n, int32 w_n, int32 kh, int32 kw, int32 stride, int32 pad, "
+    "int32 oh_n, int32 ow_n", "T cols",
+    """
+    long long ck = (long long)c_n * kh * kw;
+    long long row = i / ck, col = i - row * ck;
+    long long n = row / (oh_n * ow_n), rem = row - n * (oh_n * ow_n);
+    int oh = rem / ow_n, ow = rem - (long long)oh * ow_n;
+    int c = col / (kh * kw), r2 = col - (long long)c * (kh * kw);
+    int ki = r2 / kw, kj = r2 - ki * kw;
+    int h = oh * stride - pad + ki, w = ow * stride - pad + kj;
+    cols = (h >= 0 && h < h_n && w >= 0 && w < w_n) ? x[((n * c_n + c) * h_n + h) * w_n + w]
+                                                     : (T)0;
+    """, "mpitrain_im2col")
+
+# gather: every input pixel sums the columns that read it (no atomics, fixed order)
+_col2im = cp.ElementwiseKernel(
+    "raw T cols, int32 c_n, int32 h_n, int32 w_n, int32 kh, int32 kw, int32 stride, int32 pad, "
+    "int32 oh_n, int32 ow_n", "T dx",
+    """
+    int w = i % w_n, h = (i / w_n) % h_n, c = (i / ((long long)w_n * h_n)) % c_n;
+    long long n = i / ((long long)w_n * h_n * c_n);
+    T acc = 0;
+    for (int ki = 0; ki < kh; ++ki) {
+        int th = h + pad - ki;
+        if (th < 0 || th % stride != 0 || th / stride >= oh_n) continue;
+        int oh = th / stride;
+        for (int kj = 0; kj < kw; ++kj) {
+            int tw = w + pad - kj;
+            if (tw < 0 || tw % stride != 0 || tw / stride >= ow_n) continue;
+            int ow = tw / stride;
+            acc += cols[((n * oh_n + oh) * ow_n + ow) * ((long long)c_n * kh * kw)
+                        + (c * kh + ki) * kw + kj];
+        }
+    }
+    dx = acc;
+    """, "mpitrain_col2im")
+
+_nhwc_to_nchw = cp.ElementwiseKernel(
+    "raw T src, int32 c_n, int32 h_n, int32 w_n", "T dst",
+    """
+    int w = i % w_n, h = (i / w_n) % h_n, c = (i / ((long long)w_n * h_n)) % c_n;
+    long long n = i / ((long long)w_n * h_n * c_n);
+    dst = src[((n * h_n + h) * w_n + w) * c_n + c];
+    """, "mpitrain_nhwc_to_nchw")
+
+_nchw_to_nhwc = cp.ElementwiseKernel(
+    "raw T src, int32 c_n, int32 h_n, int32 w_n", "T dst",
+    """
+    int c = i % c_n;
+    long long pix = i / c_n;
+    int w = pix % w_n, h = (pix / w_n) % h_n;
+    long long n = pix / ((long long)w_n * h_n);
+    dst = src[((n * c_n + c) * h_n + h) * w_n + w];
+    """, "mpitrain_nchw_to_nhwc")
+
+
+def _out_size(size, k, stride, pad):
+    return (size + 2 * pad - k) // stride + 1
+
+
+def im2col(x, cols, kh, kw, stride, pad):
+    x, cols = _dev(x), _dev(cols)
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    if cols.shape != (n * oh * ow, c * kh * kw):
+        raise ValueError(f"im2col: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    _im2col(x, c, h, w, kh, kw, stride, pad, oh, ow, cols)
+
+
+def col2im(cols, dx, kh, kw, stride, pad):
+    cols, dx = _dev(cols), _dev(dx)
+    n, c, h, w = dx.shape
+    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    if cols.shape != (n * oh * ow, c * kh * kw):
+        raise ValueError(f"col2im: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    _col2im(cols, c, h, w, kh, kw, stride, pad, oh, ow, dx)
+
+
+def nhwc_to_nchw(src, dst):
+    src, dst = _dev(src), _dev(dst)
+    n, c, h, w = dst.shape
+    if src.shape != (n * h * w, c):
+        raise ValueError(f"nhwc_to_nchw: src {src.shape} != {(n * h * w, c)}")
+    _nhwc_to_nchw(src, c, h, w, dst)
+
+
+def nchw_to_nhwc(src, dst):
+    src, dst = _dev(src), _dev(dst)
+    n, c, h, w = src.shape
+    if dst.shape != (n * h * w, c):
+        raise ValueError(f"nchw_to_nhwc: dst {dst.shape} != {(n * h * w, c)}")
+    _nchw_to_nhwc(src, c, h, w, dst)
+
+
+# --- Pooling and dropout ------------------------------------------------------------------------
+
+_maxpool_forward = cp.ElementwiseKernel(
+    "raw T x, int32 c_n, int32 h_n, int32 w_n, int32 k, int32 stride, int32 oh_n, int32 ow_n",
+    "T y, int32 argmax",
+    """
+    int ow = i % ow_n, oh = (i / ow_n) % oh_n;
+    long long plane = i / ((long long)ow_n * oh_n);         // n * C + c
+    const long long base = plane * h_n * w_n;
+    int h0 = oh * stride, w0 = ow * stride;
+    T best = x[base + h0 * w_n + w0];
+    int at = h0 * w_n + w0;
+    for (int h = h0; h < h0 + k; ++h)
+        for (int w = w0; w < w0 + k; ++w) {
+            T v = x[base + h * w_n + w];
+            if (v > best) { best = v; at = h * w_n + w; }  // first maximum wins
+        }
+    y = best;
+    argmax = at;
+    """, "mpitrain_maxpool_forward")
+
+_maxpool_backward = cp.ElementwiseKernel(
+    "T gy, int32 arg, int64 hw_in, int64 hw_out", "raw T gx",
+    "atomicAdd(&gx[(i / hw_out) * hw_in + arg], gy)", "mpitrain_maxpool_backward")
+
+
+def maxpool_forward(x, y, argmax, k, stride):
+    x, y, argmax = _dev(x), _dev(y), _dev(argmax)
+    n, c, h, w = x.shape
+    expect = (n, c, (h - k) // stride + 1, (w - k) // stride + 1)
+    if y.shape != expect or argmax.shape != expect or argmax.dtype != np.int32:
+        raise ValueError(f"maxpool_forward: y {y.shape} / argmax {argmax.shape} "
+                         f"{argmax.dtype} != {expect} int32")
+    _maxpool_forward(x, c, h, w, k, stride, expect[2], expect[3], y, argmax)
+
+
+def maxpool_backward(grad_y, argmax, grad_x):
+    grad_y, argmax, grad_x = _dev(grad_y), _dev(argmax), _dev(grad_x)
+    if grad_y.shape != argmax.shape or grad_y.shape[:2] != grad_x.shape[:2]:
+        raise ValueError(f"maxpool_backward: grad_y {grad_y.shape}, argmax {argmax.shape}, "
+                         f"grad_x {grad_x.shape} do not match")
+    grad_x.fill(0)
+    hw_in = grad_x.shape[2] * grad_x.shape[3]
+    hw_out = grad_y.shape[2] * grad_y.shape[3]
+    _maxpool_backward(grad_y, argmax, hw_in, hw_out, grad_x)
+
+
+_dropout_forward = cp.ElementwiseKernel(
+    "T x, uint32 threshold, T keep_scale, uint32 seed_hash", "T y, T mask",
+    """
+    unsigned int h = mpitrain_mix32(mpitrain_mix32((unsigned int)i) ^ seed_hash);
+    T m = (h >> 8) >= threshold ? keep_scale : (T)0;
+    mask = m;
+    y = x * m;
+    """, "mpitrain_dropout_forward", preamble=r"""
+    __device__ unsigned int mpitrain_mix32(unsigned int x) {   // lowbias32, the contract's hash
+        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
+        return x;
+    }
+    """)
+
+
+def _mix32_host(x):
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def dropout_threshold(p):
+    """Keep iff the hash's top 24 bits reach int(p * 2**24): the same test on every backend."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+    return int(p * 16777216.0)
+
+
+def dropout_forward(x, y, mask, p, seed):
+    x, y, mask = _flat(x), _flat(y), _flat(mask)
+    _same_size(y, x, "dropout_forward")
+    _same_size(mask, x, "dropout_forward")
+    threshold = np.uint32(dropout_threshold(p))
+    _dropout_forward(x, threshold, _s(mask, 1.0 / (1.0 - p)),
+                     np.uint32(_mix32_host(int(seed))), y, mask)
+
+
+def dropout_backward(grad_y, mask, grad_x):
+    grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
+    _same_size(mask, grad_y, "dropout_backward")
+    _same_size(grad_x, grad_y, "dropout_backward")
+    cp.multiply(grad_y, mask, out=grad_x)
+
+
+# --- Optimizer updates --------------------------------------------------------------------------
+
+_sgd_plain = cp.ElementwiseKernel(
+    "T grad, T lr, T wd", "T param", "param = param - lr * (grad + wd * param)",
+    "mpitrain_sgd_plain")
+_sgd_momentum = cp.ElementwiseKernel(
+    "T grad, T lr, T momentum, bool nesterov, T wd", "T param, T buf",
+    """
+    T g = grad + wd * param;
+    T b = momentum * buf + g;
+    buf = b;
+    param = param - lr * (nesterov ? g + momentum * b : b);
+    """, "mpitrain_sgd_momentum")
+_adam = cp.ElementwiseKernel(
+    "T grad, T step_size, T beta1, T beta2, T eps, T wd, T inv_sqrt_bc2", "T param, T m, T v",
+    """
+    T g = grad + wd * param;
+    T mi = beta1 * m + ((T)1 - beta1) * g;
+    T vi = beta2 * v + ((T)1 - beta2) * g * g;
+    m = mi;
+    v = vi;
+    param = param - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps);
+    """, "mpitrain_adam")
+
+
+def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
+    param, grad = _flat(param), _flat(grad)
+    _same_size(grad, param, "sgd_update")
+    if momentum == 0:                                    # buf unused (and may be None)
+        _sgd_plain(grad, _s(param, lr), _s(param, weight_decay), param)
+        return
+    buf = _flat(buf)
+    _same_size(buf, param, "sgd_update")
+    _sgd_momentum(grad, _s(param, lr), _s(param, momentum), bool(nesterov),
+                  _s(param, weight_decay), param, buf)
+
+
+def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    if step < 1:
+        raise ValueError(f"adam_update: step is 1-based, got {step!r}")
+    param, grad, m, v = _flat(param), _flat(grad), _flat(m), _flat(v)
+    _same_size(grad, param, "adam_update")
+    # PyTorch: step_size = lr / (1 - b1^t); denom = sqrt(v) / sqrt(1 - b2^t) + eps
+    s = lambda value: _s(param, value)  # noqa: E731
+    _adam(grad, s(lr / (1.0 - beta1 ** step)), s(beta1), s(beta2), s(eps), s(weight_decay),
+          s(1.0 / np.sqrt(1.0 - beta2 ** step)), param, m, v)
+
+
+# --- Collective reductions ----------------------------------------------------------------------
+
+def reduce_into(dst, src, op):
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(_OPS)}")
+    dst, src = _flat(dst), _flat(src)
+    _same_size(dst, src, "reduce_into")
+    _OPS[op](dst, src, out=dst)
