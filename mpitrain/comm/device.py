@@ -34,6 +34,7 @@ everything else goes through a family's kernels module (mpitrain.kernels.cuda_cu
 cuda_numba) and its three copy/pinned helpers.
 """
 import ctypes
+import importlib.util
 import os
 import sys
 
@@ -169,11 +170,7 @@ def select_device(local_rank=None):
 
 
 def _cupy_importable():
-    try:
-        import cupy  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return importlib.util.find_spec("cupy") is not None
 
 
 # --- transport choice ---------------------------------------------------------------------------
