@@ -42,6 +42,8 @@ def test_two_ranks_train_print_once_and_report(tmp_path):
                  cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("mpitrain: 2 rank(s)") == 1       # config printed once, by rank 0
+    per_rank = max(1, len(os.sched_getaffinity(0)) // 2)    # cores / ranks on this node
+    assert f"2 rank(s) x {per_rank} thread(s)" in p.stdout
     assert p.stdout.count("test accuracy:") == 1
     assert "Traceback" not in p.stderr
     recs = records(metrics)
@@ -78,6 +80,7 @@ def test_one_rank_equals_default_launch_without_mpiexec(tmp_path):
 
 
 @pytest.mark.parametrize("flags", [["--average", "weights", "--average-every", "2"],
+                                   ["--threads", "3", "--fusion-threshold-bytes", "0"],
                                    ["--fp16-allreduce"], ["--optimizer", "adam", "--lr", "0.01"],
                                    ["--scale-lr", "--warmup-epochs", "0.5"]])
 def test_variants_run(tmp_path, flags):

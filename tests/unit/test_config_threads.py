@@ -1,0 +1,47 @@
+"""Thread budget per rank: cores // ranks-on-this-node, >= 1, overridable; applied to live pools."""
+import os
+
+import numba
+import pytest
+
+from mpitrain import threads
+
+
+@pytest.mark.parametrize("local_size, cores, expected", [
+    (1, 2, 2), (2, 2, 1), (4, 2, 1), (3, 16, 5), (1, 1, 1), (0, 8, 8)])
+def test_default_is_cores_over_local_size_at_least_one(local_size, cores, expected):
+    assert threads.default_threads(local_size, cores) == expected
+
+
+def test_local_size_from_launcher_environment():
+    assert threads.local_size_from_env({}) == 1
+    assert threads.local_size_from_env({"MPI_LOCALNRANKS": "4"}) == 4             # MPICH hydra
+    assert threads.local_size_from_env({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3  # Open MPI
+    assert threads.local_size_from_env({"MPI_LOCALNRANKS": "x"}) == 1
+
+
+@pytest.fixture
+def restore_threads():
+    saved_env = {k: os.environ.get(k) for k in threads._ENV_VARS}
+    saved_numba = numba.get_num_threads()
+    saved_blas = threads.blas_threads()
+    yield
+    for k, v in saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    numba.set_num_threads(saved_numba)
+    if saved_blas:
+        threads._set_blas_threads(saved_blas)
+
+
+def test_configure_resizes_running_pools_and_exports_env(restore_threads):
+    import numpy  # noqa: F401 - BLAS is loaded, as it is when python -m mpitrain runs
+    assert threads.configure(1) == 1
+    assert numba.get_num_threads() == 1
+    assert threads.blas_threads() in (1, None)  # None only without a known BLAS
+    assert all(os.environ[k] == "1" for k in threads._ENV_VARS)
+    n = threads.configure(0, local_size=1)
+    assert n == threads.cores() and os.environ["OMP_NUM_THREADS"] == str(n)
+    assert numba.get_num_threads() == min(n, numba.config.NUMBA_NUM_THREADS)
