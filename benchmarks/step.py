@@ -32,6 +32,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds (step timing + GEMM timing)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (JIT, workspaces)")
+    ap.add_argument("--torch", action="store_true",
+                    help="also time the same model in PyTorch, if it is importable (comparison)")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
     ap.add_argument("--out", default=None, help="directory: writes OUT/step.json")
     args = ap.parse_args(argv)
@@ -90,6 +92,50 @@ def gemm_flops(plan):
         inner = a[0] if ta else a[1]
         total += 2 * out[0] * out[1] * inner
     return total
+
+
+def torch_step_ms(name, batch, threads, steps, rounds, warmup):
+    """Median-of-rounds best step time of the same architecture in PyTorch (CPU), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from torch import nn
+    torch.set_num_threads(threads)
+    if name == "mlp":
+        net, shape = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                                   nn.ReLU(), nn.Linear(1024, 10)), (784,)
+    elif name == "lenet":
+        net, shape = nn.Sequential(
+            nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(3136, 1024), nn.ReLU(), nn.Linear(1024, 10)), (1, 28, 28)
+    else:
+        net, shape = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(4096, 512), nn.ReLU(), nn.Linear(512, 10)), (3, 32, 32)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn((batch,) + shape), torch.randint(0, 10, (batch,))
+    lossf = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        lossf(net(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    best = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        best.append(sorted(times)[len(times) // 2])
+    return min(best) * 1e3, torch.__version__
 
 
 def main(argv=None):
@@ -195,6 +241,15 @@ def main(argv=None):
                   f"{r['ratio_step_gemm']:9.2f} {r['gflops']:8.1f} {r['ratio_step_peak']:9.2f}")
         print(f"{'':10s} GEMM work {flops / 1e9:.3f} GFLOP/step; best within-round step/GEMM "
               f"{res['best_ratio_step_gemm']:.2f}")
+        if args.torch:
+            got = torch_step_ms(name, args.batch, args.threads, args.steps, args.rounds,
+                                args.warmup)
+            if got is None:
+                print(f"{'':10s} PyTorch not importable; no comparison")
+            else:
+                res["torch_step_ms"], res["torch_version"] = got
+                print(f"{'':10s} PyTorch {got[1]} same model: {got[0]:.2f} ms/step (best "
+                      f"round median); mpitrain/PyTorch {best['step_ms'] / got[0]:.2f}")
     paths = [args.json] if args.json else []
     if args.out:
         os.makedirs(args.out, exist_ok=True)
