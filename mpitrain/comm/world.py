@@ -34,10 +34,10 @@ class _World:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.ring = comm.Dup()
         forced = os.environ.get("MPITRAIN_LOCAL_SIZE")
-        if forced:
-            k = _parse_local_size(forced, self.size)
+        k = _parse_local_size(forced, self.size) if forced else None
+        self.ring = comm.Dup()
+        if k:
             self.local = comm.Split(self.rank // k, self.rank)
         else:
             self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)

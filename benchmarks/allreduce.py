@@ -1,0 +1,189 @@
+"""Allreduce benchmark: mpitrain's allreduce against MPI_Allreduce, interleaved in one run.
+
+    mpiexec -n 2 python benchmarks/allreduce.py [--max-bytes 64M] [--algo auto|ring|mpi]
+                                               [--out out/bench] [--json PATH] [--plot [PATH]]
+
+For each float32 size (powers of two, 4 B .. 256 MB) both implementations run the same number of
+iterations, alternating ours / MPI, each iteration timed between barriers; the reported time is
+the median over iterations of the slowest rank. algbw = bytes / time; busbw = algbw * 2(N-1)/N
+(the bytes each rank must move, so busbw is comparable across N); ratio = t_mpi / t_ours (> 1:
+ours is faster). Before timing each size, both results are checked against the exact expected
+sum; a wrong value prints the size and exits 1 (on every rank). The check cost (cross-rank
+agreement, mpitrain/comm/check.py) is measured at small sizes as ours with the check on vs off.
+Rank 0 prints the table and writes JSON (and a PNG with --plot).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpitrain as mt
+from mpitrain.comm import check
+
+
+def parse_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def fmt_bytes(n):
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def timed(fn, comm):
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def slowest_rank(comm, *values):
+    buf = np.array(values, np.float64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return buf
+
+
+def iterations(nbytes, budget_s):
+    # Rough cost model (20 us + 1 ns/byte) so every size gets ~budget_s per implementation.
+    per_call = 20e-6 + nbytes * 1e-9
+    return int(min(2000, max(5, budget_s / per_call)))
+
+
+def verify(comm, n_elems):
+    """Exact check of both implementations on integer-valued float32 data."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    base = (np.arange(n_elems) % 7).astype(np.float32)            # (n,)
+    expected = base * (size * (size + 1) / 2)
+    ours = mt.allreduce(base * (rank + 1), op=mt.Sum)
+    theirs = base * (rank + 1)
+    comm.Allreduce(MPI.IN_PLACE, theirs, op=MPI.SUM)
+    ok = np.array_equal(ours, expected) and np.array_equal(theirs, expected)
+    return comm.allreduce(ok, op=MPI.LAND)
+
+
+def bench_size(comm, nbytes, budget_s):
+    n = max(1, nbytes // 4)
+    ours_buf = np.zeros(n, np.float32)                             # (n,)
+    mpi_buf = np.zeros(n, np.float32)                              # (n,)
+    ours = lambda: mt.allreduce_(ours_buf, op=mt.Sum)              # noqa: E731
+    theirs = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_buf, op=MPI.SUM)  # noqa: E731
+    ours(), theirs()                                               # warm-up (JIT, buffers)
+    iters = comm.bcast(iterations(n * 4, budget_s), root=0)
+    t_ours, t_mpi = [], []
+    for _ in range(iters):
+        t_ours.append(timed(ours, comm))
+        t_mpi.append(timed(theirs, comm))
+    slowest = slowest_rank(comm, np.median(t_ours), np.median(t_mpi))
+    return n * 4, iters, float(slowest[0]), float(slowest[1])
+
+
+def check_cost(comm, budget_s):
+    """Median time of a 4 B and a 4 KB allreduce with the agreement check on and off."""
+    rows = []
+    for nbytes in (4, 4096):
+        buf = np.zeros(nbytes // 4, np.float32)
+        times = {True: [], False: []}
+        iters = comm.bcast(iterations(nbytes, budget_s), root=0)
+        for _ in range(iters):
+            for on in (True, False):
+                check.enabled = on
+                times[on].append(timed(lambda: mt.allreduce_(buf, op=mt.Sum), comm))
+        check.enabled = True
+        med = slowest_rank(comm, np.median(times[True]), np.median(times[False]))
+        rows.append({"bytes": nbytes, "with_check_s": float(med[0]),
+                     "without_check_s": float(med[1])})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--min-bytes", default="4", help="smallest size (default 4)")
+    p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("--algo", choices=["auto", "ring", "mpi"], default="auto",
+                   help="path for our allreduce (sets MPITRAIN_ALLREDUCE)")
+    p.add_argument("--budget", type=float, default=0.3,
+                   help="approximate seconds per size per implementation")
+    p.add_argument("--out", default="out/bench", help="directory for allreduce.json/.png")
+    p.add_argument("--json", default=None, help="JSON path (default OUT/allreduce.json)")
+    p.add_argument("--plot", nargs="?", const="", default=None,
+                   help="write a PNG (default OUT/allreduce.png)")
+    args = p.parse_args(argv)
+    os.environ["MPITRAIN_ALLREDUCE"] = args.algo
+    mt.init()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    sizes = [1 << k for k in range(2, 40) if lo <= (1 << k) <= hi]
+    results = []
+    if rank == 0:
+        print(f"# allreduce float32, N={size}, ours={args.algo}, "
+              f"ring threshold={mt.comm.collectives.RING_THRESHOLD_BYTES} B")
+        print(f"{'size':>9} {'iters':>6} {'ours us':>10} {'mpi us':>10} {'ours algbw':>11} "
+              f"{'ours busbw':>11} {'mpi busbw':>10} {'ratio':>6}")
+    for nbytes in sizes:
+        if not verify(comm, max(1, nbytes // 4)):
+            if rank == 0:
+                print(f"WRONG RESULT at {fmt_bytes(nbytes)}", file=sys.stderr)
+            return 1
+        nb, iters, t_ours, t_mpi = bench_size(comm, nbytes, args.budget)
+        bus = 2 * (size - 1) / size if size > 1 else 1.0
+        row = {"bytes": nb, "iters": iters, "ours_s": t_ours, "mpi_s": t_mpi,
+               "ours_algbw_GBps": nb / t_ours / 1e9, "mpi_algbw_GBps": nb / t_mpi / 1e9,
+               "ours_busbw_GBps": nb / t_ours / 1e9 * bus, "mpi_busbw_GBps": nb / t_mpi / 1e9 * bus,
+               "ratio": t_mpi / t_ours}
+        results.append(row)
+        if rank == 0:
+            print(f"{fmt_bytes(nb):>9} {iters:>6} {t_ours * 1e6:>10.1f} {t_mpi * 1e6:>10.1f} "
+                  f"{row['ours_algbw_GBps']:>9.3f}GB {row['ours_busbw_GBps']:>9.3f}GB "
+                  f"{row['mpi_busbw_GBps']:>8.3f}GB {row['ratio']:>6.2f}", flush=True)
+    cost = check_cost(comm, args.budget)
+    if rank == 0:
+        for c in cost:
+            print(f"# check cost at {fmt_bytes(c['bytes'])}: "
+                  f"{(c['with_check_s'] - c['without_check_s']) * 1e6:.1f} us "
+                  f"({c['with_check_s'] * 1e6:.1f} us with, {c['without_check_s'] * 1e6:.1f} us "
+                  f"without)")
+        write_outputs(args, size, results, cost)
+    return 0
+
+
+def write_outputs(args, size, results, cost):
+    json_path = args.json or os.path.join(args.out, "allreduce.json")
+    os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump({"ranks": size, "algo": args.algo, "results": results, "check_cost": cost},
+                  f, indent=1)
+    print(f"# wrote {json_path}")
+    if args.plot is None:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    png = args.plot or os.path.join(args.out, "allreduce.png")
+    os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
+    x = [r["bytes"] for r in results]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.loglog(x, [r["ours_busbw_GBps"] for r in results], "o-", label=f"mpitrain ({args.algo})")
+    ax.loglog(x, [r["mpi_busbw_GBps"] for r in results], "s--", label="MPI_Allreduce")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"allreduce float32, N={size}")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"# wrote {png}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

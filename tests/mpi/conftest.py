@@ -1,0 +1,61 @@
+"""pytest under mpiexec: every rank runs the same tests; only rank 0 reports; no rank waits for ever.
+
+- Ranks other than 0 unregister pytest's terminal reporter, so the output is one normal report
+  (rank 0's), not N interleaved ones.
+- A failure (or collection error) on any rank prints that rank's report tagged with its rank
+  number to stderr and calls MPI.COMM_WORLD.Abort(1): the other ranks are probably blocked in a
+  collective the failing rank will never join, and the job must end now with a non-zero status
+  rather than at the CI timeout.
+- As one process (plain ``pytest tests/mpi``) this is ordinary pytest: N=1 must pass too.
+Tests must make the same collective calls in the same order on every rank (same parameters, same
+skips; hypothesis with derandomize=True).
+"""
+import sys
+
+import pytest
+from mpi4py import MPI
+
+import mpitrain as mt
+
+RANK = MPI.COMM_WORLD.Get_rank()
+SIZE = MPI.COMM_WORLD.Get_size()
+
+
+@pytest.hookimpl(trylast=True)   # after pytest's own configure has registered the reporter
+def pytest_configure(config):
+    if RANK != 0:
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
+def _abort_on_failure(report, what):
+    if not report.failed:
+        return
+    sys.stderr.write(f"\n[rank {RANK} of {SIZE}] {what} FAILED: {report.nodeid}\n"
+                     f"{report.longreprtext}\n")
+    sys.stderr.flush()
+    if SIZE > 1:
+        MPI.COMM_WORLD.Abort(1)
+
+
+def pytest_runtest_logreport(report):
+    _abort_on_failure(report, report.when)
+
+
+def pytest_collectreport(report):
+    _abort_on_failure(report, "collection")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mpitrain_world():
+    mt.init()
+    yield
+    mt.barrier()
+
+
+@pytest.fixture(autouse=True)
+def default_env(monkeypatch):
+    """Each test starts from the default allreduce path and fusion threshold."""
+    for key in ("MPITRAIN_ALLREDUCE", "MPITRAIN_FUSION_THRESHOLD"):
+        monkeypatch.delenv(key, raising=False)

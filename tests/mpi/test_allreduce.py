@@ -1,0 +1,165 @@
+"""allreduce / allreduce_ under mpiexec -n 1..4 against NumPy and MPI_Allreduce as oracles.
+
+Every rank builds every rank's input from a seed, so each can compute the exact expected result
+locally (NumPy) and also ask MPI_Allreduce for it. Integers must match exactly (overflow wraps in
+all three); floats to a tolerance, since the ring sums in a different order than MPI.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitrain as mt
+
+N = MPI.COMM_WORLD.Get_size()
+R = MPI.COMM_WORLD.Get_rank()
+DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+OPS = [mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product]
+LENGTHS = sorted({0, 1, max(N - 1, 1), N, N + 1, 2, 3, 7, 13, 31, 1009})
+NP_OPS = {mt.Sum: np.add, mt.Average: np.add, mt.Min: np.minimum, mt.Max: np.maximum,
+          mt.Product: np.multiply}
+MPI_OPS = {mt.Sum: MPI.SUM, mt.Average: MPI.SUM, mt.Min: MPI.MIN, mt.Max: MPI.MAX,
+           mt.Product: MPI.PROD}
+
+
+def rank_input(rank, n, dtype, op, seed=0):
+    rng = np.random.default_rng([seed, rank, n])
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        low, high = (0.5, 1.5) if op is mt.Product else (-4, 4)
+        return rng.uniform(low, high, n).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+
+
+def numpy_oracle(inputs, op, pre=1.0, post=1.0):
+    dt = inputs[0].dtype
+    scaled = [_scale(x, pre) for x in inputs]
+    acc = scaled[0].copy()
+    for x in scaled[1:]:
+        NP_OPS[op](acc, x, out=acc)
+    return _scale(acc, post / N if op is mt.Average else post).astype(dt)
+
+
+def _scale(x, factor):
+    y = x.copy()
+    if factor != 1.0:
+        np.multiply(y, factor, out=y, casting="unsafe")
+    return y
+
+
+def assert_matches(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.kind == "f":
+        tol = 2e-2 if got.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                   rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def assert_same_on_all_ranks(x):
+    """The result must be bitwise identical on every rank (replicas must not drift)."""
+    ref = MPI.COMM_WORLD.bcast(x.tobytes(), root=0)
+    assert x.tobytes() == ref
+
+
+@pytest.mark.parametrize("path", ["ring", "mpi"])
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_every_op_dtype_length(dtype, op, path, monkeypatch):
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    for n in LENGTHS:
+        inputs = [rank_input(r, n, dtype, op) for r in range(N)]
+        got = mt.allreduce(inputs[R], op=op)
+        assert_matches(got, numpy_oracle(inputs, op))
+        if path == "ring":
+            assert_same_on_all_ranks(got)
+        if dtype != "float16":
+            want = inputs[R].copy()
+            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, want, op=MPI_OPS[op])
+            if op is mt.Average:
+                want = _scale(want, 1.0 / N)
+            assert_matches(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_allreduce_in_place_returns_same_array(dtype):
+    inputs = [rank_input(r, 257, dtype, mt.Sum) for r in range(N)]
+    x = inputs[R].copy()
+    out = mt.allreduce_(x, op=mt.Sum)
+    assert out is x
+    assert_matches(x, numpy_oracle(inputs, mt.Sum))
+
+
+def test_allreduce_out_of_place_leaves_input():
+    x = np.arange(10, dtype=np.float32) + R
+    before = x.copy()
+    y = mt.allreduce(x, op=mt.Sum)
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(y, N * np.arange(10) + N * (N - 1) / 2)
+
+
+@pytest.mark.parametrize("path", ["ring", "mpi"])
+def test_prescale_postscale(path, monkeypatch):
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    inputs = [rank_input(r, 50, "float64", mt.Sum) for r in range(N)]
+    for op in (mt.Sum, mt.Average):
+        got = mt.allreduce(inputs[R], op=op, prescale_factor=0.5, postscale_factor=3.0)
+        assert_matches(got, numpy_oracle(inputs, op, 0.5, 3.0))
+    ints = [np.arange(20, dtype=np.int32) * (r + 1) for r in range(N)]
+    got = mt.allreduce(ints[R], op=mt.Sum, prescale_factor=2, postscale_factor=3)
+    np.testing.assert_array_equal(got, numpy_oracle(ints, mt.Sum, 2, 3))
+
+
+def test_integer_average_truncates_like_numpy():
+    x = np.full(5, R + 1, np.int64)
+    got = mt.allreduce(x, op=mt.Average)
+    np.testing.assert_array_equal(got, np.full(5, int(N * (N + 1) / 2 / N)))
+
+
+@pytest.mark.parametrize("path", ["ring", "mpi"])
+def test_non_contiguous_inputs(path, monkeypatch):
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    base = np.arange(60, dtype=np.float32).reshape(6, 10) * (R + 1)  # (6, 10)
+    want = np.arange(60, dtype=np.float32).reshape(6, 10) * (N * (N + 1) / 2)
+    np.testing.assert_array_equal(mt.allreduce(base[:, ::3], op=mt.Sum), want[:, ::3])
+    np.testing.assert_array_equal(mt.allreduce(base.T, op=mt.Sum), want.T)
+    x = base.copy()
+    view = x[::2, 1::2]                                                # (3, 5), strided
+    assert mt.allreduce_(view, op=mt.Sum) is view
+    np.testing.assert_array_equal(x[::2, 1::2], want[::2, 1::2])
+    np.testing.assert_array_equal(x[1::2], base[1::2])                 # untouched rows
+
+
+def test_shapes_and_scalars():
+    assert mt.allreduce(np.float64(R), op=mt.Sum).shape == ()
+    assert mt.allreduce(np.float64(R), op=mt.Sum) == N * (N - 1) / 2
+    y = mt.allreduce(np.ones((2, 0, 3), np.float32))
+    assert y.shape == (2, 0, 3)
+    z = mt.allreduce([1.0, 2.0], op=mt.Sum)                            # list input
+    np.testing.assert_array_equal(z, [N, 2 * N])
+
+
+def test_auto_path_around_the_threshold():
+    from mpitrain.comm.collectives import RING_THRESHOLD_BYTES
+    for n in (RING_THRESHOLD_BYTES // 4 - 1, RING_THRESHOLD_BYTES // 4 + 1):
+        inputs = [rank_input(r, n, "float32", mt.Max) for r in range(N)]
+        assert_matches(mt.allreduce(inputs[R], op=mt.Max), numpy_oracle(inputs, mt.Max))
+
+
+def test_large_ring_over_a_million(monkeypatch):
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "ring")
+    n = 1_000_003
+    x = ((np.arange(n) % 5) * (R + 1)).astype(np.float32)             # (n,)
+    got = mt.allreduce(x, op=mt.Sum)
+    want = ((np.arange(n) % 5) * (N * (N + 1) / 2)).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert_same_on_all_ranks(got)
+
+
+def test_ops_accept_strings_and_ranks_are_consistent():
+    assert mt.allreduce(np.array([R]), op="max")[0] == N - 1
+    assert 0 <= mt.rank() < mt.size() == N
+    assert mt.local_size() * mt.cross_size() == N
+    assert mt.local_rank() < mt.local_size() and mt.cross_rank() < mt.cross_size()
+    assert mt.is_initialized()
