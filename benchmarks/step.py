@@ -5,9 +5,9 @@
 
 The machine is shared and noisy, so every round times the model step *and* the same step's GEMMs
 alone (the exact shapes and transposes the layers issue, through the same backend ``gemm``), back to
-back; the reported ratio step / GEMMs is taken within a round, and the best round is reported next to
-the median. "sgemm GFLOP/s" is a square 1024^3 product measured in the same run. A ratio near 1 means
-everything that is not a GEMM (im2col, pooling, bias, loss, optimizer) costs little.
+back; the reported ratio step / GEMMs is taken within a round, and the best round is reported next
+to the median. "sgemm GFLOP/s" is a square 1024^3 product measured in the same run. A ratio near 1
+means everything that is not a GEMM (im2col, pooling, bias, loss, optimizer) costs little.
 
 Threads (default 1, the one-thread-per-rank setting) are fixed before NumPy loads, through the
 OpenBLAS/OpenMP/MKL environment variables, and for Numba through ``numba.set_num_threads``.

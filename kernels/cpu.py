@@ -1,4 +1,7 @@
-"""CPU backend: NumPy arrays, numba.njit kernels, BLAS GEMM (see kernels/__init__.py for the contract)."""
+"""CPU backend: NumPy arrays, numba.njit kernels, BLAS GEMM.
+
+The contract (names, shapes, semantics) is the docstring of kernels/__init__.py.
+"""
 import numpy as np
 from numba import njit, prange  # noqa: F401
 
@@ -9,8 +12,8 @@ name = "cpu"
 # Every kernel takes preallocated, C-contiguous outputs, so a training step allocates nothing once
 # the layers' workspaces exist. Elementwise kernels work on flat views (``a.reshape(-1)`` is a view
 # of a contiguous array), so one compiled specialisation serves every rank of array. The outer loops
-# over the batch are ``prange``: with NUMBA_NUM_THREADS=1 (one thread per MPI rank) they run serially
-# at no cost, with more threads they split over samples, which never write the same element.
+# over the batch are ``prange``: with NUMBA_NUM_THREADS=1 (one thread per MPI rank) they run
+# serially at no cost; with more threads they split over samples, which never share an element.
 
 
 def empty(shape, dtype=np.float32):

@@ -7,8 +7,8 @@ dtype up to rounding.
 
 Workspaces: each layer keeps its outputs and scratch arrays between steps and reallocates them only
 when a larger batch arrives; a smaller batch (the last one of an epoch) uses the leading rows
-(``buf[:n]``). Consequently an array returned by ``forward``/``backward`` is valid until that layer's
-next call -- ``Sequential.forward`` copies the final logits out.
+(``buf[:n]``). Consequently an array returned by ``forward``/``backward`` is valid until that
+layer's next call -- ``Sequential.forward`` copies the final logits out.
 
 ``backward(grad_y, need_input_grad=True)`` adds the parameter gradients into ``Parameter.grad`` and
 returns the gradient with respect to the input (or None when not needed: the first layer of a model
@@ -32,7 +32,7 @@ def _check_positive(name, value):
 
 
 def init_weight(rng, shape, fan_in, fan_out, scheme):
-    """He normal (std sqrt(2/fan_in), layers followed by ReLU) or Glorot uniform, float64 on host."""
+    """He normal (std sqrt(2/fan_in), for layers feeding a ReLU) or Glorot uniform; float64."""
     if scheme == "he":
         return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
     if scheme == "glorot":

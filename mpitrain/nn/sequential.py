@@ -5,8 +5,6 @@ Parameter names are ``"<layer index>.<name>"`` in declared order (``"0.weight"``
 """
 import numpy as np
 
-from mpitrain import kernels as _kernels
-
 
 class Sequential:
     def __init__(self, *layers, kernels=None, input_shape=None):

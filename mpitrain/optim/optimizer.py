@@ -1,8 +1,8 @@
 """Optimizer base: the parameter list, lr, zero_grad and flat state dicts.
 
 State dicts hold only plain numbers and host NumPy arrays under flat string keys
-(``"momentum_buffer.3"``), so the checkpoint code can write them with ``np.savez`` and read them back
-with ``allow_pickle=False``. Per-parameter state lives on the parameters' backend and is updated in
+(``"momentum_buffer.3"``), so the checkpoint code can write them with ``np.savez`` and read them
+back with ``allow_pickle=False``. Per-parameter state lives on the parameters' backend and is updated in
 place by one fused kernel per parameter.
 """
 import numpy as np
