@@ -12,13 +12,16 @@ allreduce of n bytes over N ranks takes
 alpha: per-message latency (MPI + our Python per step), beta: seconds per byte on the link,
 gamma: seconds per byte of the reduction kernel. A weak-scaling step (per-rank batch b) is
 
-    T_step(N) = T_compute(b) * max(1, R/C)  +  sum over fusion buckets T(n_k, N)  +  3 n mu
+    T_step(N) = T_compute(b) * max(1, R/C)  +  sum over fusion buckets k of
+                [T(n_k, N)  +  (p_k + [N > 1]) n_k mu]
 
 with T_compute from the step benchmark, R ranks sharing a node of C cores (oversubscribed ranks
-time-share), n_k the fusion plan's bucket sizes, and 3 n mu the fusion pack, average-scale and
-unpack passes over the n gradient bytes (mu: copy cost per byte, measured here). No overlap of
-communication with compute is modelled (the trainer does not overlap yet). Efficiency =
-T_step(1) / T_step(N); throughput = N b / T_step(N).
+time-share), n_k the fusion plan's bucket sizes, p_k = 2 for a packed bucket (pack + unpack
+copies; 0 for a tensor reduced in place) and one more pass for the 1/N of Average (mu: copy cost
+per byte, measured here). At N = 1 the ring is skipped but the packing is not: the trainer's
+comm_time_ms is not zero there either. No overlap of communication with compute is modelled
+(the trainer does not overlap yet). Efficiency = T_step(1) / T_step(N); throughput = N b /
+T_step(N).
 
 Identifiability. In T(n, N) beta and gamma always appear as (N-1)/N n (2 beta + gamma): ring
 timings alone, at any set of N, determine alpha and 2 beta + gamma, never beta and gamma apart.
@@ -48,6 +51,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -352,24 +356,24 @@ def gradient_tensor_bytes(model):
     return [int(p.data.size) * 4 for p in net.parameters()]
 
 
-def fusion_buckets(tensor_bytes, threshold):
-    """Bucket sizes of the fusion plan: tensors packed in order into buckets of <= threshold
-    bytes; a tensor larger than the threshold travels alone (as comm/fusion.py plans it)."""
-    buckets, cur = [], 0
+def fusion_plan(tensor_bytes, threshold):
+    """[(bucket bytes, tensors in it)] of the fusion plan: tensors packed in order into buckets
+    of <= threshold bytes; a tensor larger than the threshold travels alone (as comm/fusion.py
+    plans it)."""
+    plan, cur, count = [], 0, 0
     for nb in tensor_bytes:
-        if threshold == 0 or nb > threshold:
-            if cur:
-                buckets.append(cur)
-                cur = 0
-            buckets.append(nb)
-        elif cur + nb > threshold:
-            buckets.append(cur)
-            cur = nb
-        else:
-            cur += nb
-    if cur:
-        buckets.append(cur)
-    return buckets
+        if count and cur + nb > threshold:
+            plan.append((cur, count))
+            cur, count = 0, 0
+        cur, count = cur + nb, count + 1
+    if count:
+        plan.append((cur, count))
+    return plan
+
+
+def fusion_buckets(tensor_bytes, threshold):
+    """Bucket sizes of the fusion plan (bytes)."""
+    return [nb for nb, _ in fusion_plan(tensor_bytes, threshold)]
 
 
 def compute_time(records, batch, threads=None):
@@ -390,17 +394,31 @@ def compute_time(records, batch, threads=None):
     return float(ts[near] * batch / bs[near])
 
 
-def step_time(compute_s, buckets, ranks, net, mu, ranks_per_node=1, cores=1):
-    """Predicted seconds per step and the communication part of it (see the module docstring)."""
+def step_time(compute_s, plan, ranks, net, mu, ranks_per_node=1, cores=1):
+    """Predicted seconds per step and the communication part of it (see the module docstring).
+    plan: [(bucket bytes, tensors in it)] from ``fusion_plan``."""
     share = max(1.0, ranks_per_node / cores)
-    if ranks == 1:
-        return compute_s * share, 0.0
-    comm = sum(float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
-               for nb in buckets) + 3 * sum(buckets) * mu
+    comm = 0.0
+    for nb, count in plan:
+        passes = (2 if count > 1 else 0) + (1 if ranks > 1 else 0)
+        comm += float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
+        comm += passes * nb * mu
     return compute_s * share + comm, comm
 
 
 # --- the report -------------------------------------------------------------------------------
+
+def parse_range(text):
+    """'LO:HI' bytes (either side may be empty) -> (lo, hi)."""
+    try:
+        lo, hi = text.split(":")
+        lo, hi = float(lo or 0), float(hi or "inf")
+    except ValueError:
+        raise ModelError(f"--fit-bytes {text!r}: expected LO:HI in bytes, e.g. 65536:") from None
+    if lo > hi:
+        raise ModelError(f"--fit-bytes {text!r}: LO > HI")
+    return lo, hi
+
 
 def usable_cores():
     try:
@@ -409,7 +427,7 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-def project(models, steps, buckets, nets, mu, batch, max_ranks):
+def project(models, steps, plans, nets, mu, batch, max_ranks):
     """{net name: {model: {"ranks", "step_ms", "comm_ms", "efficiency", "samples_per_sec"}}}
     for N = 1..max_ranks, one rank per node."""
     ns = np.arange(1, max_ranks + 1)
@@ -418,7 +436,7 @@ def project(models, steps, buckets, nets, mu, batch, max_ranks):
         out[net["name"]] = {}
         for model in models:
             comp = compute_time(steps[model], batch)
-            rows = [step_time(comp, buckets[model], int(n), net, mu) for n in ns]
+            rows = [step_time(comp, plans[model], int(n), net, mu) for n in ns]
             st = np.array([r[0] for r in rows])
             out[net["name"]][model] = {
                 "ranks": ns.tolist(), "step_ms": (st * 1e3).round(4).tolist(),
@@ -428,16 +446,30 @@ def project(models, steps, buckets, nets, mu, batch, max_ranks):
     return out
 
 
-def validate(points, steps, buckets, net, mu, cores):
+def calibrate(points, plans, net, mu, cores):
+    """Compute-time records taken from the sweep itself: each model's N=1 measured step minus
+    the predicted N=1 communication (packing). Validation is then of the communication model
+    only, on N >= 2, but is immune to the machine being slower during the sweep than during the
+    step benchmark (shared machines)."""
+    out = {}
+    for p in points:
+        if int(p["ranks"]) == 1:
+            _, comm = step_time(0.0, plans[p["model"]], 1, net, mu, 1, cores)
+            out.setdefault(p["model"], []).append(
+                (int(p["per_rank_batch"]), p["step_time_ms"] / 1e3 - comm, p.get("threads"), None))
+    return out
+
+
+def validate(points, steps, plans, net, mu, cores):
     """Predicted vs measured step time for the scaling sweep's points (all ranks on this node)."""
     rows = []
     for p in points:
         model, n, b = p["model"], int(p["ranks"]), int(p["per_rank_batch"])
-        if model not in steps:
+        if model not in steps or model not in plans:
             continue
         threads = p.get("threads") or max(1, cores // n)
         comp = compute_time(steps[model], b, threads)
-        pred, comm = step_time(comp, buckets[model], n, net, mu, ranks_per_node=n, cores=cores)
+        pred, comm = step_time(comp, plans[model], n, net, mu, ranks_per_node=n, cores=cores)
         meas = p["step_time_ms"] / 1e3
         rows.append({"model": model, "ranks": n, "per_rank_batch": b,
                      "measured_ms": meas * 1e3, "predicted_ms": pred * 1e3,
@@ -491,9 +523,9 @@ def format_report(fitted, mu, nets, proj, rows, models, markdown=False):
 
 
 def _table(head, rows, markdown):
-    if markdown:
-        return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                + ["| " + " | ".join(r) + " |" for r in rows])
+    if markdown:   # blank lines around: a table must not run into the text next to it
+        return (["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                + ["| " + " | ".join(r) + " |" for r in rows] + [""])
     widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
     return ["  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w)
                       for i, (c, w) in enumerate(zip(r, widths))) for r in [head] + rows]
@@ -571,11 +603,17 @@ def parse_args(argv=None):
                     "25Gbps,5us (repeatable)")
     ap.add_argument("--max-ranks", type=int, default=1024)
     ap.add_argument("--fusion-threshold-bytes", type=int, default=64 * 1024 * 1024)
+    ap.add_argument("--compute-from", choices=("step", "scaling"), default="step",
+                    help="compute time per step: the step benchmark (default), or the sweep's "
+                         "N=1 points minus their packing (validates the comm model on N>=2)")
+    ap.add_argument("--fit-bytes", default=None, metavar="LO:HI",
+                    help="fit only ring timings with LO <= bytes <= HI (e.g. 65536:16777216)")
     ap.add_argument("--cores", type=int, default=None, help="cores of this node (validation)")
     ap.add_argument("--no-measure", action="store_true",
                     help="do not time the local reduce/copy kernels (gamma unknown, mu = 0)")
     ap.add_argument("--out", default="out/bench")
-    ap.add_argument("--markdown", action="store_true", help="print markdown tables")
+    ap.add_argument("--markdown", nargs="?", const="-", default=None, metavar="PATH",
+                    help="also write the report with markdown tables (to PATH, default stdout)")
     args = ap.parse_args(argv)
     if args.batch_size < 1 or args.max_ranks < 1:
         ap.error(f"--batch-size and --max-ranks must be >= 1, got {args.batch_size}, "
@@ -596,28 +634,44 @@ def main(argv=None):
         if not args.no_measure:
             measured_red, copy_obs = measure_local()
             reduce_obs = reduce_obs or measured_red
+        if args.fit_bytes:
+            lo, hi = parse_range(args.fit_bytes)
+            ring_obs = [o for o in ring_obs if lo <= o[0] <= hi]
         fitted = fit(ring_obs, reduce_obs)
         mu = per_byte(copy_obs) if copy_obs else 0.0
-        buckets = {m: fusion_buckets(gradient_tensor_bytes(m), args.fusion_threshold_bytes)
-                   for m in args.model}
+        plans = {m: fusion_plan(gradient_tensor_bytes(m), args.fusion_threshold_bytes)
+                 for m in args.model}
         nets = [network_params(fitted)] + [network_params(fitted, link) for link in links]
-        proj = project(args.model, steps, buckets, nets, mu, args.batch_size, args.max_ranks)
         rows, cores = [], args.cores or usable_cores()
-        if args.scaling:
-            sdoc, points = load_scaling(args.scaling)
-            if sdoc.get("mode", "weak") != "weak":
-                print("perfmodel: note: strong-scaling points are validated with the per-rank "
-                      "batch each ran", file=sys.stderr)
-            rows = validate(points, steps, buckets, nets[0], mu, cores)
+        points = load_scaling(args.scaling)[1] if args.scaling else []
+        if args.compute_from == "scaling":
+            if not points:
+                raise ModelError("--compute-from scaling needs --scaling")
+            steps = calibrate(points, plans, nets[0], mu, cores)
+            missing = [m for m in args.model if m not in steps]
+            if missing:
+                raise ModelError(f"--compute-from scaling: no N=1 point for {', '.join(missing)}")
+        proj = project(args.model, steps, plans, nets, mu, args.batch_size, args.max_ranks)
+        rows = validate(points, steps, plans, nets[0], mu, cores)
+        if args.compute_from == "scaling":
+            rows = [r for r in rows if r["ranks"] > 1]
     except ModelError as e:
         print(f"perfmodel: error: {e}", file=sys.stderr)
         return 2
-    print(format_report(fitted, mu, nets, proj, rows, args.model, args.markdown))
+    print(format_report(fitted, mu, nets, proj, rows, args.model))
+    if args.markdown:
+        md = (f"`{shlex.join(['python'] + sys.argv)}`\n\n"
+              + format_report(fitted, mu, nets, proj, rows, args.model, markdown=True) + "\n")
+        if args.markdown == "-":
+            print("\n" + md, end="")
+        else:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "perfmodel", "fit": fitted, "copy_s_per_byte": mu,
            "networks": nets, "batch_per_rank": args.batch_size, "cores": cores,
-           "buckets_bytes": buckets, "inputs": {"allreduce": args.allreduce, "step": args.step,
+           "compute_from": args.compute_from, "fusion_plans": plans, "inputs": {"allreduce": args.allreduce, "step": args.step,
                                                 "scaling": args.scaling},
            "validation": rows, "projection": proj}
     (out / "perfmodel.json").write_text(json.dumps(doc) + "\n")

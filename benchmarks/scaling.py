@@ -25,7 +25,8 @@ table, ``"oversubscribed": true`` in the JSON and a hollow marker in the plot.
 
 Outputs in ``--out``: ``scaling-<mode>.json`` (every point + the sweep's settings),
 ``scaling-<mode>.png`` (throughput and efficiency vs N against the ideal), ``runs/`` (each job's
-metrics and log). ``--markdown`` also prints the table as markdown for docs/benchmarks.md.
+metrics and log). ``--markdown [PATH]`` also writes the table as markdown (to PATH, else
+stdout), with the command line, for pasting into docs/benchmarks.md.
 A failed job stops the sweep: one line naming the point and the job's last error line, exit 1.
 
 Environment: ``MPIEXEC`` (default <repo>/.venv/bin/mpiexec; may carry flags, e.g.
@@ -261,6 +262,17 @@ def run_point(n, model, args, runs_dir, cores, repeat):
     return point
 
 
+def write_text(path, text):
+    """Print ``text`` (path "-") or write it to ``path``."""
+    if path == "-":
+        print()
+        print(text, end="")
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+        print(f"wrote {path}", file=sys.stderr)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -274,7 +286,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--repeat", type=int, default=1, help="runs per point; the best is kept")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per job")
-    ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--markdown", nargs="?", const="-", default=None, metavar="PATH",
+                    help="also write a markdown table (to PATH, default stdout)")
     ap.add_argument("extra", nargs=argparse.REMAINDER,
                     help="after --: more flags for python -m mpitrain")
     args = ap.parse_args(argv)
@@ -320,8 +333,10 @@ def main(argv=None):
     best = add_speedup(best_of(points))
     print(format_table(best))
     if args.markdown:
-        print()
-        print(format_markdown(best))
+        md = (f"`{shlex.join(['python'] + sys.argv)}` ({cores} cores, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, best of {args.repeat})"
+              f"\n\n{format_markdown(best)}\n")
+        write_text(args.markdown, md)
     doc = {"benchmark": "scaling", "mode": args.mode, "dataset": args.dataset,
            "steps": args.steps, "batch_size_arg": args.batch_size, "repeat": args.repeat,
            "cores": cores, "host": platform.node(), "mpiexec": mpiexec_argv(),

@@ -117,8 +117,8 @@ def test_fusion_buckets_match_the_fusion_plan():
     arrays = [np.zeros(s, np.float32) for s in sizes]
     for threshold in (0, 16, 64, 500, 10_000):
         plan = fusion.FusionBuffer(threshold).plan(arrays)
-        want = [b.total * 4 for b in plan]
-        assert pm.fusion_buckets([s * 4 for s in sizes], threshold) == want, threshold
+        want = [(b.total * 4, len(b.entries)) for b in plan]
+        assert pm.fusion_plan([s * 4 for s in sizes], threshold) == want, threshold
 
 
 def test_compute_time_interpolates_and_scales():
@@ -133,32 +133,40 @@ def test_compute_time_interpolates_and_scales():
 
 def test_step_time_and_efficiency():
     net = {"name": "x", "alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
-    st1, c1 = pm.step_time(0.05, [4e6], 1, net, mu=1e-10)
-    assert (st1, c1) == (0.05, 0.0)
-    st2, c2 = pm.step_time(0.05, [4e6], 2, net, mu=1e-10)
+    # One packed bucket of 3 tensors: pack + unpack at N=1, plus the 1/N scale at N>1.
+    plan = [(4e6, 3)]
+    st1, c1 = pm.step_time(0.05, plan, 1, net, mu=1e-10)
+    assert c1 == pytest.approx(2 * 4e6 * 1e-10) and st1 == pytest.approx(0.05 + c1)
+    assert pm.step_time(0.05, [(4e6, 1)], 1, net, mu=1e-10) == (0.05, 0.0)
+    st2, c2 = pm.step_time(0.05, plan, 2, net, mu=1e-10)
     assert c2 == pytest.approx(pm.ring_time(4e6, 2, ALPHA, BETA, GAMMA) + 3 * 4e6 * 1e-10)
     assert st2 == pytest.approx(0.05 + c2)
     # 4 ranks on 2 cores time-share: compute doubles.
-    st4, c4 = pm.step_time(0.05, [4e6], 4, net, mu=0, ranks_per_node=4, cores=2)
+    st4, c4 = pm.step_time(0.05, plan, 4, net, mu=0, ranks_per_node=4, cores=2)
     assert st4 == pytest.approx(0.1 + c4)
     steps = {"mlp": [(64, 0.05, None, None)]}
-    proj = pm.project(["mlp"], steps, {"mlp": [4e6]}, [net], 0.0, 64, 64)["x"]["mlp"]
+    proj = pm.project(["mlp"], steps, {"mlp": plan}, [net], 0.0, 64, 64)["x"]["mlp"]
     eff = np.array(proj["efficiency"])
     assert eff[0] == 1.0 and (np.diff(eff) <= 1e-12).all() and eff[-1] < eff[1]
     ideal = {"name": "ideal", "alpha": 0.0, "beta": 0.0, "gamma": 0.0}
-    flat = pm.project(["mlp"], steps, {"mlp": [4e6]}, [ideal], 0.0, 64, 8)["ideal"]["mlp"]
+    flat = pm.project(["mlp"], steps, {"mlp": plan}, [ideal], 0.0, 64, 8)["ideal"]["mlp"]
     assert flat["efficiency"] == [1.0] * 8
 
 
 def test_validate_reports_relative_error():
     net = {"name": "local", "alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
     steps = {"mlp": [(64, 0.05, None, None)]}
-    exact, _ = pm.step_time(0.05, [4e6], 2, net, 0.0, ranks_per_node=2, cores=2)
+    exact, _ = pm.step_time(0.05, [(4e6, 1)], 2, net, 0.0, ranks_per_node=2, cores=2)
     pts = [{"model": "mlp", "ranks": 2, "per_rank_batch": 64, "step_time_ms": exact * 1e3},
            {"model": "mlp", "ranks": 1, "per_rank_batch": 64, "step_time_ms": 0.05e3 * 1.1}]
-    rows = pm.validate(pts, steps, {"mlp": [4e6]}, net, 0.0, cores=2)
+    rows = pm.validate(pts, steps, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2)
     assert rows[0]["error"] == pytest.approx(0.0, abs=1e-12)
     assert rows[1]["error"] == pytest.approx(1 / 1.1 - 1)
+    # Calibrated from the sweep's N=1 point: compute = 55 ms, so N=2 is predicted 5 ms slower.
+    cal = pm.calibrate(pts, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2)
+    assert cal == {"mlp": [(64, pytest.approx(0.055), None, None)]}
+    rows = pm.validate(pts[:1], cal, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2)
+    assert rows[0]["predicted_ms"] == pytest.approx(exact * 1e3 + 5.0)
 
 
 def _write_inputs(tmp_path):
@@ -235,6 +243,17 @@ def test_script_end_to_end(tmp_path):
     assert len(effs) == 64 and effs[0] == 1.0 and effs[-1] < 1.0
     assert [r["ranks"] for r in doc["validation"]] == [1, 2]
     assert (out / "perfmodel.png").stat().st_size > 10_000
+    cal = subprocess.run([sys.executable, str(SCRIPT), "--allreduce", str(a), "--step", str(s),
+                          "--scaling", str(tmp_path / "sc.json"), "--model", "mlp",
+                          "--compute-from", "scaling", "--fit-bytes", "65536:", "--max-ranks", "8",
+                          "--no-measure", "--out", str(out), "--markdown", str(out / "pm.md")],
+                         capture_output=True, text=True, timeout=240)
+    assert cal.returncode == 0, cal.stderr
+    doc = json.loads((out / "perfmodel.json").read_text())
+    assert doc["compute_from"] == "scaling" and doc["fit"]["ring_points"] == 5
+    assert [r["ranks"] for r in doc["validation"]] == [2]     # N=1 was the calibration
+    md = (out / "pm.md").read_text()
+    assert "| network | model | N=1 |" in md and "--compute-from scaling" in md
     bad = subprocess.run([sys.executable, str(SCRIPT), "--allreduce", str(a), "--step", str(s),
                           "--link", "fast", "--no-measure", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
