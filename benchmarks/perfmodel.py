@@ -671,8 +671,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "perfmodel", "fit": fitted, "copy_s_per_byte": mu,
            "networks": nets, "batch_per_rank": args.batch_size, "cores": cores,
-           "compute_from": args.compute_from, "fusion_plans": plans, "inputs": {"allreduce": args.allreduce, "step": args.step,
-                                                "scaling": args.scaling},
+           "compute_from": args.compute_from, "fusion_plans": plans,
+           "inputs": {"allreduce": args.allreduce, "step": args.step, "scaling": args.scaling},
            "validation": rows, "projection": proj}
     (out / "perfmodel.json").write_text(json.dumps(doc) + "\n")
     plot(proj, rows, args.model, out / "perfmodel.png")
