@@ -67,6 +67,13 @@ test-gpu: venv
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
 	$(PY) benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 --out out/bench
+	MPIEXEC="$(MPIEXEC)" $(PY) benchmarks/scaling.py --ranks 1 2 --model mlp lenet --mode weak \
+		--steps 60 --repeat 2 --timeout $(MPI_TIMEOUT) --out out/bench \
+		--markdown out/bench/scaling-weak.md -- --threads 1
+	$(PY) benchmarks/perfmodel.py --allreduce out/bench/allreduce.json --step out/bench/step.json \
+		--scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us \
+		--out out/bench --markdown out/bench/perfmodel.md
+	@echo "paste out/bench/*.md into docs/benchmarks.md"
 
 lint: venv
 	$(PY) -m pyflakes mpitrain kernels benchmarks tests 2>/dev/null || $(PY) -m pip install -q pyflakes
