@@ -132,6 +132,9 @@ class DistributedOptimizer:
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
         if self.average != "gradients":
             return
+        if collectives.world.size() == 1:  # the average of one: skip the pack/unpack copies
+            self._synchronized = True
+            return
         start = time.perf_counter()
         grads = [p.grad for p in self.params]
         kernels = self.params[0].kernels
@@ -163,6 +166,8 @@ class DistributedOptimizer:
 
     def average_weights(self):
         """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""
+        if collectives.world.size() == 1:
+            return
         start = time.perf_counter()
         collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
                                        name="DistributedOptimizer.weights")
