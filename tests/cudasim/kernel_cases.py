@@ -30,6 +30,8 @@ def _cases():
     c.append(("copy", "copy", lambda g: [_r(g, 37), _r(g, 37)], EXACT))
     c.append(("copy-2d", "copy", lambda g: [_r(g, 4, 9), _r(g, 4, 9)], EXACT))
     c.append(("scale", "scale", lambda g: [_r(g, 70), 0.25], F32))
+    c.append(("scale-int32", "scale", lambda g: [(_r(g, 40) * 50).astype(np.int32), 0.3],
+              EXACT))                                   # float product, truncated toward zero
     c.append(("add", "add", lambda g: [_r(g, 70), _r(g, 70)], F32))
     c.append(("add-f64", "add", lambda g: [_r(g, 9, dtype=np.float64),
                                            _r(g, 9, dtype=np.float64)], F64))

@@ -1,0 +1,169 @@
+"""A CPU stand-in for the slice of CuPy that kernels/cuda_cupy.py uses, to check its CUDA C.
+
+No GPU and no CuPy here, yet cuda_cupy.py is mostly CUDA C source strings (ElementwiseKernel
+bodies, one RawKernel). This module compiles those strings with the host C++ compiler and runs
+them over NumPy arrays with CuPy's calling rules as we rely on them:
+
+- ElementwiseKernel: the body (CuPy appends its ``;``) runs for ``i`` over the broadcast shape
+  of the non-raw array arguments; a non-raw argument is the element at ``i`` (inputs broadcast,
+  outputs written in place), a ``raw`` one the whole flat array, scalars are converted to their
+  declared type; ``T`` is the dtype of the first array bound to a ``T`` parameter; ``preamble``
+  is prepended.
+- RawKernel: ``kernel(grid, block, args)`` runs every (block, thread) in turn, with blockIdx /
+  blockDim / threadIdx set; arrays are passed as pointers, NumPy scalars by value.
+- ``atomicAdd`` is a plain add (threads run one at a time).
+The array functions (empty, matmul, copyto, add, ...) are NumPy's. What this proves: the kernels'
+index arithmetic, types and semantics match the CPU backend. What it cannot: anything about CuPy
+itself (broadcasting corner cases, cuBLAS, streams) or the GPU -- tests/gpu does that.
+"""
+import ctypes
+import hashlib
+import math
+import os
+import subprocess
+import tempfile
+import types
+
+import numpy as np
+
+_CTYPE = {"float32": "float", "float64": "double", "int32": "int", "uint32": "unsigned int",
+          "int64": "long long", "bool": "bool", "int8": "signed char", "uint8": "unsigned char",
+          "int16": "short"}
+_CACHE_DIR = tempfile.mkdtemp(prefix="fake_cupy_")
+_libs = {}
+
+_PRELUDE = r"""
+#include <cmath>
+#include <cstddef>
+using std::exp; using std::log; using std::sqrt;
+#define __device__
+#define __global__
+template <typename A> A atomicAdd(A* p, A v) { A old = *p; *p = old + v; return old; }
+"""
+
+
+def compiler_available():
+    try:
+        subprocess.run(["g++", "--version"], capture_output=True, check=True, timeout=30)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _compile(source):
+    key = hashlib.sha1(source.encode()).hexdigest()[:16]
+    if key not in _libs:
+        src = os.path.join(_CACHE_DIR, f"{key}.cpp")
+        lib = os.path.join(_CACHE_DIR, f"{key}.so")
+        with open(src, "w") as f:
+            f.write(source)
+        res = subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", lib, src],
+                             capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"kernel source does not compile:\n{res.stderr}\n{source}")
+        _libs[key] = ctypes.CDLL(lib)
+    return _libs[key]
+
+
+def _params(text):
+    """'raw T x, int32 n' -> [(raw, type, name), ...]."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        words = part.split()
+        raw = words[0] == "raw"
+        typ, name = words[-2], words[-1]
+        out.append((raw, typ, name))
+    return out
+
+
+class ElementwiseKernel:
+    def __init__(self, in_params, out_params, operation, name="kernel", preamble="", **_):
+        self.ins, self.outs = _params(in_params), _params(out_params)
+        self.operation, self.name, self.preamble = operation, name, preamble
+
+    def __call__(self, *args):
+        params = self.ins + self.outs
+        if len(args) != len(params):
+            raise TypeError(f"{self.name}: {len(params)} arguments expected, got {len(args)}")
+        t = next((a.dtype for (_, typ, _), a in zip(params, args)
+                  if typ == "T" and isinstance(a, np.ndarray)), None)
+        shape = np.broadcast_shapes(*[a.shape for (raw, _, _), a in zip(params, args)
+                                      if not raw and isinstance(a, np.ndarray)])
+        keep, ptrs, decls = [], [], []
+        for k, ((raw, typ, name), a) in enumerate(zip(params, args)):
+            dtype = t if typ == "T" else np.dtype(typ)
+            ctype = _CTYPE[dtype.name]
+            is_out = k >= len(self.ins)
+            if isinstance(a, np.ndarray):
+                if a.dtype != dtype:
+                    raise TypeError(f"{self.name}: {name} is {a.dtype}, expected {dtype}")
+                if raw or is_out:
+                    if not a.flags.c_contiguous or (is_out and not raw and a.shape != shape):
+                        raise ValueError(f"{self.name}: output {name} must be C-contiguous "
+                                         f"with shape {shape}")
+                    buf = a
+                else:
+                    buf = np.ascontiguousarray(np.broadcast_to(a, shape))
+                if raw:
+                    decls.append(f"{ctype}* {name} = ({ctype}*)_args[{k}];")
+                else:
+                    decls.append(f"{ctype}& {name} = (({ctype}*)_args[{k}])[i];")
+            else:
+                buf = np.array([a], dtype=dtype)
+                decls.append(f"const {ctype} {name} = *({ctype}*)_args[{k}];")
+            keep.append(buf)
+            ptrs.append(buf.ctypes.data)
+        source = (_PRELUDE + f"typedef {_CTYPE[t.name] if t is not None else 'float'} T;\n"
+                  + self.preamble + '\nextern "C" void run(long long n, void** _args) {\n'
+                  + "  for (long long i = 0; i < n; ++i) {\n    " + "\n    ".join(decls)
+                  + "\n    {\n" + self.operation + ";\n    }\n  }\n}\n")
+        lib = _compile(source)
+        lib.run(ctypes.c_longlong(math.prod(shape)), (ctypes.c_void_p * len(ptrs))(*ptrs))
+
+
+class RawKernel:
+    def __init__(self, code, name, **_):
+        self.name = name
+        self.lib = _compile(_PRELUDE + r"""
+struct mpitrain_dim3 { unsigned int x, y, z; };
+static mpitrain_dim3 blockIdx, blockDim, threadIdx, gridDim;
+extern "C" void mpitrain_set(unsigned int b, unsigned int bd, unsigned int t, unsigned int gd) {
+    blockIdx.x = b; blockDim.x = bd; threadIdx.x = t; gridDim.x = gd;
+}
+""" + code)
+
+    def __call__(self, grid, block, args):
+        cargs = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                cargs.append(ctypes.c_void_p(a.ctypes.data))
+            else:
+                cargs.append(np.ctypeslib.as_ctypes_type(np.asarray(a).dtype)(a))
+        fn = getattr(self.lib, self.name)
+        for b in range(grid[0]):
+            for t in range(block[0]):
+                self.lib.mpitrain_set(b, block[0], t, grid[0])
+                fn(*cargs)
+
+
+class _Stream:
+    def synchronize(self):
+        pass
+
+
+def module():
+    """A module object to put in sys.modules['cupy'] while importing kernels/cuda_cupy.py."""
+    cp = types.ModuleType("cupy")
+    cp.ndarray = np.ndarray
+    for fn in ("empty", "zeros", "matmul", "add", "multiply", "minimum", "maximum", "float64",
+               "copyto"):
+        setattr(cp, fn, getattr(np, fn))
+    cp.array = lambda a, copy=True, order="K": np.array(a, copy=copy, order=order)
+    cp.asarray = np.asarray
+    cp.asnumpy = lambda a: np.array(a, copy=True)
+    cp.ElementwiseKernel, cp.RawKernel = ElementwiseKernel, RawKernel
+    cp.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+        get_current_stream=lambda: _Stream())
+    return cp
+

@@ -1,0 +1,66 @@
+"""kernels/cuda_cupy.py against the CPU kernels, its CUDA C run on the CPU (see fake_cupy.py).
+
+There is no GPU and no CuPy in CI, so the CuPy flavour's kernel sources are compiled with the
+host C++ compiler and executed with CuPy's calling rules; the same kernel cases as the Numba
+flavour then check every kernel against kernels/cpu.py. This covers the index arithmetic and
+semantics of every ElementwiseKernel/RawKernel body and the Python glue; CuPy itself, cuBLAS and
+the GPU are covered by tests/gpu only.
+"""
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import fake_cupy
+from kernel_cases import CASES, KERNEL_NAMES, run_case
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    if not fake_cupy.compiler_available():
+        pytest.skip("no host C++ compiler (g++) to run the CuPy kernel sources")
+    saved = sys.modules.get("cupy")
+    sys.modules["cupy"] = fake_cupy.module()
+    try:
+        spec = importlib.util.spec_from_file_location("cuda_cupy_emulated",
+                                                      ROOT / "kernels" / "cuda_cupy.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        if saved is None:
+            del sys.modules["cupy"]
+        else:
+            sys.modules["cupy"] = saved
+    return mod
+
+
+@pytest.mark.parametrize("name, build, tol", CASES)
+def test_kernel_matches_cpu(cpu, emulated, name, build, tol):
+    run_case(cpu, emulated, name, build, tol)
+
+
+def test_every_contract_name(emulated):
+    missing = [n for n in KERNEL_NAMES + ["empty", "zeros", "to_device", "to_host",
+                                          "synchronize"] if not hasattr(emulated, n)]
+    assert not missing and emulated.name == "cuda-cupy"
+
+
+def test_bad_input_names_the_value(emulated):
+    with pytest.raises(ValueError, match="'mean'"):
+        emulated.reduce_into(np.zeros(3), np.zeros(3), "mean")
+    with pytest.raises(ValueError, match="1.0"):
+        emulated.dropout_forward(*[np.zeros(3, np.float32)] * 3, 1.0, 0)
+
+
+def test_missing_cupy_is_one_clear_import_error():
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed")
+    spec = importlib.util.spec_from_file_location("cuda_cupy_missing",
+                                                  ROOT / "kernels" / "cuda_cupy.py")
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[cuda\]'") as info:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert "\n" not in str(info.value)
