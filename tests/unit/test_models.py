@@ -40,12 +40,17 @@ def test_mlp_options_and_float64():
 
 
 def test_init_scale_he_and_glorot():
-    model = mt.models.mlp(in_features=400, hidden=(300,), classes=200)
+    model = mt.models.mlp(in_features=400, hidden=(300,), classes=200, init=None)
     w0, w1 = model.parameters()[0].data, model.parameters()[2].data
     assert abs(w0.std() - np.sqrt(2 / 400)) < 0.05 * np.sqrt(2 / 400)        # He normal
     limit = np.sqrt(6 / (300 + 200))
     assert np.abs(w1).max() <= limit and np.abs(w1).max() > 0.95 * limit    # Glorot uniform
     assert not model.parameters()[1].data.any()
+    w0 = mt.models.mlp(in_features=400, hidden=(300,), classes=200).parameters()[0].data
+    limit = np.sqrt(6 / (400 + 300))                                         # zoo default
+    assert np.abs(w0).max() <= limit and np.abs(w0).max() > 0.95 * limit
+    conv = mt.models.lenet().parameters()[0].data                            # fan 25 / 800
+    assert np.abs(conv).max() <= np.sqrt(6 / (25 + 800))
 
 
 def test_state_dict_round_trip_and_errors():
