@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fake_cupy
+import test_cuda_numba_training as training
 from kernel_cases import CASES, KERNEL_NAMES, run_case
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -64,3 +65,10 @@ def test_missing_cupy_is_one_clear_import_error():
     with pytest.raises(ImportError, match=r"pip install -e '\.\[cuda\]'") as info:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert "\n" not in str(info.value)
+
+
+
+@pytest.mark.parametrize("case", sorted(training.CASES))
+def test_two_training_steps_match_cpu(cpu, emulated, case):
+    """The unchanged layers and optimizers on the (emulated) CuPy kernels."""
+    training.check_two_steps(cpu, emulated, *training.CASES[case])
