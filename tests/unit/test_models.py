@@ -84,6 +84,26 @@ def test_forward_returns_fresh_array_and_handles_smaller_batch():
     np.testing.assert_allclose(model.forward(x), first, rtol=1e-6)
 
 
+def test_conv_model_smaller_batch_uses_leading_workspace_rows():
+    model = mt.nn.Sequential(mt.nn.Conv2D(1, 2, 3, padding=1, relu=True), mt.nn.MaxPool2D(2),
+                             mt.nn.Flatten(), mt.nn.Linear(2 * 3 * 3, 4))
+    x = np.random.default_rng(1).standard_normal((5, 1, 6, 6)).astype(np.float32)
+    full = model.forward(x)
+    np.testing.assert_allclose(model.forward(x[:2]), full[:2], rtol=1e-6)
+    loss = mt.nn.SoftmaxCrossEntropy()
+    labels = np.array([0, 1, 2, 3, 0])
+    model.zero_grad()
+    loss.forward(model.forward(x[:2]), labels[:2])
+    model.backward(loss.backward())
+    small = [np.array(p.grad) for p in model.parameters()]
+    model.forward(x)                                  # grow back: same gradients as fresh
+    model.zero_grad()
+    loss.forward(model.forward(x[:2]), labels[:2])
+    model.backward(loss.backward())
+    for a, p in zip(small, model.parameters()):
+        np.testing.assert_allclose(p.grad, a, rtol=1e-6)
+
+
 def test_dropout_train_eval_modes():
     model = mt.nn.Sequential(mt.nn.Linear(4, 50), mt.nn.Dropout(0.5, seed=1))
     x = np.ones((8, 4), np.float32)
