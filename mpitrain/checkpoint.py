@@ -109,7 +109,8 @@ class Checkpoint:
     """A loaded checkpoint: ``params`` (dict, declared order), ``optimizer_state``, ``meta``."""
 
     def __init__(self, path, params, optimizer_state, meta):
-        self.path, self.params, self.optimizer_state, self.meta = path, params, optimizer_state, meta
+        self.path, self.params, self.meta = path, params, meta
+        self.optimizer_state = optimizer_state
 
     @property
     def step(self):

@@ -1,8 +1,9 @@
 """One source of configuration truth for ``python -m mpitrain``.
 
 A frozen dataclass holds every knob of a training job. Values come from three layers, later ones
-winning: the defaults written below < ``MPITRAIN_<FIELD>`` environment variables < command-line flags
-(cli.py builds one flag per field from the metadata here, so the three layers cannot drift apart).
+winning: the defaults written below < ``MPITRAIN_<FIELD>`` environment variables < command-line
+flags (cli.py builds one flag per field from the metadata here, so the layers cannot drift
+apart).
 Units live in the names or the help text (``fusion_threshold_bytes``, ``checkpoint_every`` in
 steps), never in a second place with a second unit -- Horovod sets its fusion threshold in three
 places in two units, which is what this file exists to avoid.
@@ -47,7 +48,7 @@ def parse_hidden(text):
 
 @dataclass(frozen=True)
 class Config:
-    """Every knob of a training job; the field name is the flag (--batch-size) and env var suffix."""
+    """Every knob of a training job; a field name is its flag (--batch-size) and env suffix."""
 
     model: str = _opt("mlp", "model from the zoo", choices=MODELS)
     dataset: str = _opt("fashion-mnist", "training/test data", choices=DATASETS)

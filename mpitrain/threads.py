@@ -50,7 +50,7 @@ def default_threads(local_size=None, n_cores=None):
 
 
 def configure(threads=0, local_size=None):
-    """Set BLAS + Numba threads for this rank to ``threads`` (0: the default); returns the number."""
+    """Set this rank's BLAS + Numba threads to ``threads`` (0: the default); returns the number."""
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:
         os.environ[key] = str(n)

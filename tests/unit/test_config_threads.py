@@ -37,7 +37,6 @@ def restore_threads():
 
 
 def test_configure_resizes_running_pools_and_exports_env(restore_threads):
-    import numpy  # noqa: F401 - BLAS is loaded, as it is when python -m mpitrain runs
     assert threads.configure(1) == 1
     assert numba.get_num_threads() == 1
     assert threads.blas_threads() in (1, None)  # None only without a known BLAS
