@@ -12,14 +12,14 @@ allreduce of n bytes over N ranks takes
 alpha: per-message latency (MPI + our Python per step), beta: seconds per byte on the link,
 gamma: seconds per byte of the reduction kernel. A weak-scaling step (per-rank batch b) is
 
-    T_step(N) = T_compute(b) * max(1, R/C)  +  sum over fusion buckets k of
-                [T(n_k, N)  +  (p_k + [N > 1]) n_k mu]
+    T_step(N) = T_compute(b) * max(1, R/C)  +  [N > 1] sum over fusion buckets k of
+                                                [T(n_k, N)  +  (p_k + 1) n_k mu]
 
 with T_compute from the step benchmark, R ranks sharing a node of C cores (oversubscribed ranks
 time-share), n_k the fusion plan's bucket sizes, p_k = 2 for a packed bucket (pack + unpack
 copies; 0 for a tensor reduced in place) and one more pass for the 1/N of Average (mu: copy cost
-per byte, measured here). At N = 1 the ring is skipped but the packing is not: the trainer's
-comm_time_ms is not zero there either. No overlap of communication with compute is modelled
+per byte, measured here). At N = 1 DistributedOptimizer skips averaging altogether (no packing
+either). No overlap of communication with compute is modelled
 (the trainer does not overlap yet). Efficiency = T_step(1) / T_step(N); throughput = N b /
 T_step(N).
 
@@ -399,10 +399,10 @@ def step_time(compute_s, plan, ranks, net, mu, ranks_per_node=1, cores=1):
     plan: [(bucket bytes, tensors in it)] from ``fusion_plan``."""
     share = max(1.0, ranks_per_node / cores)
     comm = 0.0
-    for nb, count in plan:
-        passes = (2 if count > 1 else 0) + (1 if ranks > 1 else 0)
-        comm += float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
-        comm += passes * nb * mu
+    if ranks > 1:              # one rank: DistributedOptimizer skips averaging, packing included
+        for nb, count in plan:
+            comm += float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
+            comm += ((2 if count > 1 else 0) + 1) * nb * mu
     return compute_s * share + comm, comm
 
 

@@ -133,11 +133,11 @@ def test_compute_time_interpolates_and_scales():
 
 def test_step_time_and_efficiency():
     net = {"name": "x", "alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
-    # One packed bucket of 3 tensors: pack + unpack at N=1, plus the 1/N scale at N>1.
+    # One packed bucket of 3 tensors: pack + 1/N scale + unpack at N>1; nothing at N=1.
     plan = [(4e6, 3)]
-    st1, c1 = pm.step_time(0.05, plan, 1, net, mu=1e-10)
-    assert c1 == pytest.approx(2 * 4e6 * 1e-10) and st1 == pytest.approx(0.05 + c1)
-    assert pm.step_time(0.05, [(4e6, 1)], 1, net, mu=1e-10) == (0.05, 0.0)
+    assert pm.step_time(0.05, plan, 1, net, mu=1e-10) == (0.05, 0.0)
+    assert pm.step_time(0.05, [(4e6, 1)], 2, net, mu=1e-10)[1] == pytest.approx(
+        pm.ring_time(4e6, 2, ALPHA, BETA, GAMMA) + 4e6 * 1e-10)
     st2, c2 = pm.step_time(0.05, plan, 2, net, mu=1e-10)
     assert c2 == pytest.approx(pm.ring_time(4e6, 2, ALPHA, BETA, GAMMA) + 3 * 4e6 * 1e-10)
     assert st2 == pytest.approx(0.05 + c2)

@@ -216,3 +216,24 @@ def test_span_overhead_off_is_small_and_below_on():
     assert off < on
     # Generous bound for a shared 2-core machine; measured ~0.2 us off, ~1 us on.
     assert off < 2000
+
+
+def test_summarize_and_cli(tmp_path, capsys):
+    doc = {"traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "rank 0"}},
+        {"name": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0, "dur": 3000.0},
+        {"name": "allreduce", "ph": "X", "pid": 0, "tid": 0, "ts": 3000.0, "dur": 1000.0},
+        {"name": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 4000.0, "dur": 3000.0},
+        {"name": "forward", "ph": "X", "pid": 1, "tid": 0, "ts": 10.0, "dur": 500.0},
+        {"name": "epoch", "ph": "i", "pid": 1, "tid": 0, "ts": 10.0, "s": "t"}]}
+    got = timeline.summarize(doc)
+    assert got[0] == [("forward", 2, 6.0, pytest.approx(6 / 7)),
+                      ("allreduce", 1, 1.0, pytest.approx(1 / 7))]
+    assert got[1] == [("forward", 1, 0.5, 1.0)]
+    path = tmp_path / "t.json"
+    write_trace(path, doc)
+    assert timeline.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0" in out and "allreduce" in out and "85.7%" in out
+    assert timeline.main([str(tmp_path / "missing.json")]) == 2
+    assert timeline.main([]) == 2
