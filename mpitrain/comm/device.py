@@ -14,7 +14,8 @@ logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` forces one):
 
     nccl   cupy.cuda.nccl, when CuPy has it; the NCCL unique id is broadcast over MPI. NCCL
            reduces in place on the device, on the current CuPy stream (the legacy default
-           stream unless the caller changed it, which Numba kernels also use).
+           stream unless the caller changed it, which Numba kernels also use). Not when ranks
+           of a node share a GPU: NCCL refuses two ranks on one device.
     mpi    CUDA-aware MPI, when the MPI library says so (MPIX_Query_cuda_support() == 1, asked
            through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1
            overrides). The device is synchronised first: MPI reads device memory directly and
@@ -173,6 +174,18 @@ def _cupy_importable():
     return importlib.util.find_spec("cupy") is not None
 
 
+def _current_device():
+    """This process's GPU id (select_device's, else CuPy's current one), or -1."""
+    if _state["device"] is not None:
+        return _state["device"]
+    if "cupy" in sys.modules:
+        try:
+            return sys.modules["cupy"].cuda.Device().id
+        except Exception:  # noqa: BLE001 - no device: nothing to compare
+            return -1
+    return -1
+
+
 # --- transport choice ---------------------------------------------------------------------------
 
 def _nccl_ok():
@@ -218,12 +231,15 @@ def transport():
     if forced not in TRANSPORTS + ("auto",):
         err = f"MPITRAIN_DEVICE_COMM={forced!r}: expected one of nccl, mpi, host (or unset)"
     check.agree(comm, "device transport", {"MPITRAIN_DEVICE_COMM": forced}, err)
+    # NCCL refuses two ranks of one communicator on the same GPU (ranks sharing GPUs)
+    ids = world.local_comm().allgather(_current_device())
+    shared_gpu = len(set(ids)) < len(ids)
     # a transport is usable only if it is usable on every rank
-    local = np.array([_nccl_ok(), cuda_aware_mpi(), True], np.int32)
+    local = np.array([_nccl_ok() and not shared_gpu, cuda_aware_mpi(), True], np.int32)
     comm.Allreduce(MPI.IN_PLACE, local, op=MPI.MIN)
     usable = {t: bool(v) for t, v in zip(TRANSPORTS, local)}
     if forced != "auto" and not usable[forced]:
-        why = {"nccl": "cupy.cuda.nccl is not available on every rank",
+        why = {"nccl": "cupy.cuda.nccl is not available on every rank, or ranks share a GPU",
                "mpi": "the MPI library is not CUDA-aware on every rank "
                       "(MPIX_Query_cuda_support; MPITRAIN_CUDA_AWARE_MPI=1 overrides)"}[forced]
         raise ValueError(f"MPITRAIN_DEVICE_COMM={forced}: {why}")
