@@ -327,15 +327,36 @@ def relu_backward(y, grad_out, grad_in):
         _relu_backward_k[_grid(y.size)](y, grad_out, grad_in)
 
 
+# bias_grad sums a tall (rows, F) matrix by column: a conv layer's gradient has N*OH*OW rows
+# (200k for LeNet at batch 256) and only C columns, so one thread per column would leave the GPU
+# idle. Two passes instead: every (chunk of _BIAS_ROWS rows, column) pair is one thread writing a
+# partial sum, then one thread per column adds its partials in chunk order (deterministic).
+_BIAS_ROWS = 8 if _SIM else 256
+
+
 @cuda.jit
-def _bias_grad_k(grad_out, grad_bias):
-    # one thread per feature: neighbouring threads read neighbouring columns (coalesced)
+def _bias_partials_k(grad_out, partials, rows_per_chunk):
     rows, feats = grad_out.shape
-    for f in range(cuda.grid(1), feats, cuda.gridsize(1)):
-        acc = grad_bias[f] * 0
-        for r in range(rows):
+    chunks = partials.shape[0]
+    for i in range(cuda.grid(1), chunks * feats, cuda.gridsize(1)):
+        chunk = i // feats
+        f = i - chunk * feats                    # neighbouring threads: neighbouring columns
+        acc = grad_out[0, f] * 0
+        for r in range(chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)):
             acc += grad_out[r, f]
+        partials[chunk, f] = acc
+
+
+@cuda.jit
+def _bias_sum_k(partials, grad_bias):
+    for f in range(cuda.grid(1), grad_bias.size, cuda.gridsize(1)):
+        acc = grad_bias[f] * 0
+        for chunk in range(partials.shape[0]):
+            acc += partials[chunk, f]
         grad_bias[f] += acc
+
+
+_bias_partials = {}
 
 
 def bias_grad(grad_out, grad_bias):
@@ -343,8 +364,16 @@ def bias_grad(grad_out, grad_bias):
     if grad_out.ndim != 2 or grad_out.shape[1] != grad_bias.size:
         raise ValueError(f"bias_grad: grad_out {grad_out.shape} does not match "
                          f"grad_bias ({grad_bias.size},)")
-    if grad_bias.size:
-        _bias_grad_k[_grid(grad_bias.size)](grad_out, grad_bias)
+    rows, feats = grad_out.shape
+    if feats == 0 or rows == 0:
+        return
+    chunks = (rows + _BIAS_ROWS - 1) // _BIAS_ROWS
+    key = (chunks, feats, np.dtype(grad_bias.dtype).str)
+    if key not in _bias_partials:                  # cached: steady state allocates nothing
+        _bias_partials[key] = cuda.device_array((chunks, feats), dtype=grad_bias.dtype)
+    partials = _bias_partials[key]                  # (chunks, F)
+    _bias_partials_k[_grid(chunks * feats)](grad_out, partials, _BIAS_ROWS)
+    _bias_sum_k[_grid(feats)](partials, grad_bias)
 
 
 # --- Loss ---------------------------------------------------------------------------------------

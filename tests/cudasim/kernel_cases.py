@@ -62,6 +62,7 @@ def _cases():
         return [y, _r(g, 6, 11), _r(g, 6, 11)]
     c.append(("relu_backward", "relu_backward", relu_bw, EXACT))
     c.append(("bias_grad", "bias_grad", lambda g: [_r(g, 6, 5), _r(g, 5)], F32))
+    c.append(("bias_grad-tall", "bias_grad", lambda g: [_r(g, 37, 3), _r(g, 3)], F32))
 
     def xent(g, shift=0.0):
         logits = _r(g, 5, 4) * 3 + shift                 # (B, K)
