@@ -5,13 +5,14 @@ MPI cannot tell that rank 0 reduces a (4,) float32 array while rank 1 reduces a 
 describes itself -- its kind, and the fields that must match (shape, dtype, op, scale factors,
 root, ...) -- plus any local validation error, and the ranks compare those descriptions.
 
-Steady-state cost is one 16-byte MPI_Allreduce (MAX of a 62-bit fingerprint and of its negation,
-which gives max and min at once): equal max and min means every rank described the same call.
-Only when they differ do the ranks allgather their full descriptions (pickled; the slow path is
-the error path) and build the same message naming each differing field with the ranks that hold
-each value. Every rank then raises, before any data moves, so the communicator stays usable.
-The measured cost is in docs/benchmarks.md. ``MPITRAIN_CHECK=0`` turns the exchange off (a
-mismatch then hangs or corrupts, as in plain MPI).
+Steady-state cost is one fixed-size MPI_Allgather of a 62-bit fingerprint of the description
+(blake2b, cached per description) plus up to INLINE_BYTES of payload: allreduces that small ride
+in the same message and are reduced locally (collectives.py), so for them the check costs no
+extra MPI call at all. Only when fingerprints differ do the ranks allgather their full
+descriptions (pickled; the slow path is the error path) and build the same message naming each
+differing field with the ranks that hold each value. Every rank then raises, before any data
+moves, so the communicator stays usable. The measured cost is in docs/benchmarks.md.
+``MPITRAIN_CHECK=0`` turns the exchange off (a mismatch then hangs or corrupts, as in MPI).
 
 Local validation errors (a bad root, a non-array) travel in the description too: if only some
 ranks see one, all raise CollectiveError naming those ranks; if all see the same one, all raise
@@ -21,34 +22,75 @@ import hashlib
 import os
 
 import numpy as np
-from mpi4py import MPI
 
 enabled = os.environ.get("MPITRAIN_CHECK", "1") != "0"
+HEADER_BYTES = 16
+INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
 _MASK = (1 << 62) - 1
-_fp = np.zeros(2, np.int64)
+_ROW = (HEADER_BYTES + INLINE_BYTES) // 8
+_send = np.zeros(_ROW, np.int64)                  # [fingerprint, unused, payload...]
+_send_payload = _send.view(np.uint8)[HEADER_BYTES:]
+_recv = {}                                        # size -> (rows (size, _ROW), payload rows)
+_digests = {}
 
 
 class CollectiveError(RuntimeError):
     """Ranks called a collective with arguments that do not match; raised on every rank."""
 
 
-def agree(comm, kind, fields, error=None):
-    """Check that every rank of ``comm`` calls collective ``kind`` with the same ``fields``.
-
-    fields: dict of name -> value (values must have a deterministic repr, e.g. tuples, str,
-    numbers). error: this rank's local validation message or None.
-    Raises CollectiveError (mismatch anywhere) or ValueError (the same local error everywhere).
-    """
-    if enabled and comm.Get_size() > 1:
-        desc = (kind, fields, error)
+def fingerprint(desc):
+    """62-bit digest of a description, identical in every process (no per-process hash seed)."""
+    try:
+        key = (desc[0], tuple(desc[1].items()), desc[2])
+        h = _digests.get(key)
+    except TypeError:                    # an unhashable field value: digest without caching
+        key, h = None, None
+    if h is None:
         digest = hashlib.blake2b(repr(desc).encode(), digest_size=8).digest()
         h = int.from_bytes(digest, "little") & _MASK
-        _fp[0], _fp[1] = h, -h
-        comm.Allreduce(MPI.IN_PLACE, _fp, op=MPI.MAX)
-        if _fp[0] != -_fp[1]:
-            raise CollectiveError(_explain(comm.allgather(desc)))
+        if key is not None and len(_digests) < 4096:
+            _digests[key] = h
+    return h
+
+
+def agree(comm, kind, fields, error=None, payload=None):
+    """Check that every rank of ``comm`` calls collective ``kind`` with the same ``fields``.
+
+    fields: dict of name -> value (values need a deterministic repr: tuples, str, numbers).
+    error: this rank's local validation message or None.
+    payload: optional contiguous uint8 array of at most INLINE_BYTES, sent in the same message;
+    then the return value is every rank's payload, rows of a (size, len(payload)) array (valid
+    until the next check), else None. Without the exchange (one rank, MPITRAIN_CHECK=0) the
+    return value is None, so callers always keep a path that does not rely on the payload.
+    Raises CollectiveError (mismatch anywhere) or ValueError (the same local error everywhere).
+
+    Every collective's first MPI call is this fixed-size Allgather, whatever its kind and
+    arguments: ranks that disagree still make matching MPI calls, so they can learn that they
+    disagree instead of blocking in different collectives.
+    """
+    size = comm.Get_size()
+    if not enabled or size == 1:
+        if error is not None:
+            raise ValueError(error)
+        return None
+    desc = (kind, fields, error)
+    h = fingerprint(desc)
+    _send[0] = h
+    n = 0
+    if payload is not None:
+        n = payload.shape[0]
+        _send_payload[:n] = payload
+    bufs = _recv.get(size)
+    if bufs is None:
+        rows = np.empty((size, _ROW), np.int64)
+        bufs = _recv[size] = (rows, rows.view(np.uint8)[:, HEADER_BYTES:])
+    comm.Allgather(_send, bufs[0])
+    # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
+    if any(v != h for v in bufs[0][:, 0].tolist()):
+        raise CollectiveError(_explain(comm.allgather(desc)))
     if error is not None:
         raise ValueError(error)
+    return None if payload is None else bufs[1][:, :n]
 
 
 def _explain(descs):

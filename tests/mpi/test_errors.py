@@ -58,6 +58,17 @@ def test_length_dtype_op_scale_mismatch():
 
 
 @multi
+def test_allreduce_path_env_mismatch(monkeypatch):
+    def call():
+        monkeypatch.setenv("MPITRAIN_ALLREDUCE", "mpi" if R == 0 else "ring")
+        try:
+            mt.allreduce(np.zeros(3))
+        finally:
+            monkeypatch.delenv("MPITRAIN_ALLREDUCE")
+    raises_everywhere(call, "path differs", "'mpi' on ranks [0]")
+
+
+@multi
 def test_broadcast_root_and_shape_mismatch():
     raises_everywhere(lambda: mt.broadcast(np.zeros(2), root_rank=0 if R == 0 else 1),
                       "root_rank differs", "0 on ranks [0]")
