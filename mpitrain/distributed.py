@@ -147,8 +147,9 @@ class DistributedOptimizer:
                 kernels.cast(w, g)
         wire = [g if w is None else w for g, w in zip(grads, self._wire)]
         f = self.gradient_predivide_factor
-        collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
-                                       prescale_factor=1.0 / f, postscale_factor=f)
+        with _timeline().span("synchronize", cat="comm"):
+            collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
+                                           prescale_factor=1.0 / f, postscale_factor=f)
         for g, w in zip(grads, self._wire):
             if w is not None:
                 kernels.cast(g, w)
@@ -169,8 +170,9 @@ class DistributedOptimizer:
         if collectives.world.size() == 1:
             return
         start = time.perf_counter()
-        collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
-                                       name="DistributedOptimizer.weights")
+        with _timeline().span("average_weights", cat="comm"):
+            collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
+                                           name="DistributedOptimizer.weights")
         self.comm_time_s += time.perf_counter() - start
 
     def step(self):
@@ -188,6 +190,12 @@ class DistributedOptimizer:
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
                 f"average_every={self.average_every}, compression={self.compression!r})")
+
+
+def _timeline():
+    # Imported late: `python -m mpitrain.timeline` must not find the module already loaded.
+    from mpitrain import timeline
+    return timeline.current()
 
 
 def _parameter_names(params, named_parameters):

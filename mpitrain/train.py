@@ -31,7 +31,7 @@ import numpy as np
 
 import mpitrain as mt
 from mpitrain import checkpoint as ckpt
-from mpitrain import threads
+from mpitrain import threads, timeline
 from mpitrain.config import MODEL_SHAPES, UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
@@ -219,17 +219,22 @@ class _Trainer:
         return host if self.k.name == "cpu" else self.k.to_device(host)
 
     def train_step(self, idx):
+        tl = timeline.current()  # disabled unless MPITRAIN_TIMELINE names a file
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
-        x = self._to_backend(self.train_set.images, idx, self.model.input_shape)  # (b, ...)
-        y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
+        with tl.span("data"):
+            x = self._to_backend(self.train_set.images, idx, self.model.input_shape)  # (b, ...)
+            y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
-        logits = self.model.forward(x)                                            # (b, K)
-        loss = self.loss_fn.forward(logits, y)
-        self.model.backward(self.loss_fn.backward())
-        self.optimizer.step()
-        self.k.synchronize()
+        with tl.span("forward"):
+            logits = self.model.forward(x)                                        # (b, K)
+            loss = self.loss_fn.forward(logits, y)
+        with tl.span("backward"):
+            self.model.backward(self.loss_fn.backward())
+        with tl.span("optimizer.step", step=self.step + 1):
+            self.optimizer.step()
+            self.k.synchronize()
         self.step_times.append(time.perf_counter() - start)
         self.comm_times.append(self.optimizer.comm_time_s - comm_before)
         stats = (loss * len(idx), self.loss_fn.correct, len(idx))
@@ -338,10 +343,14 @@ def run(config):
             print(f"mpitrain: resumed from {state['path']} at step {trainer.step}"
                   if resumed else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
                                   f"starting at step 0", flush=True)
+    # MPITRAIN_TIMELINE=trace.json records per-rank spans (timeline.py); the same on every rank.
+    tl = timeline.activate(timeline.Timeline.from_env(rank=rank))
     try:
         summary = _loop(trainer, metrics)
+        tl.close(mt.comm.world.comm())
     finally:
         metrics.close()
+        timeline.activate(None)
     return summary
 
 

@@ -46,8 +46,9 @@ def test_every_field_has_a_flag_and_an_env_var():
 
 def test_parses_every_kind_of_value():
     c = cli.parse(["--steps", "7", "--warmup-epochs", "0.5", "--fp16-allreduce", "--hidden",
-                   "16,8", "--average", "weights", "--average-every", "3"], environ={})
+                   "16,8"], environ={})
     assert (c.steps, c.warmup_epochs, c.fp16_allreduce, c.hidden) == (7, 0.5, True, (16, 8))
+    c = cli.parse(["--average", "weights", "--average-every", "3"], environ={})
     assert c.average == "weights" and c.average_every == 3
     assert cfg.from_env({"MPITRAIN_HIDDEN": "4"}).hidden == (4,)
     assert cfg.from_env({"MPITRAIN_NO_PROGRESS": "0"}).no_progress is False
@@ -74,6 +75,7 @@ def test_parses_every_kind_of_value():
     (["--average", "weights", "--average-every", "4", "--checkpoint-every", "6",
       "--checkpoint-dir", "x"], "--checkpoint-every 6"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--average", "weights", "--fp16-allreduce"], "--fp16-allreduce"),
 ])
 def test_bad_input_is_one_line_naming_the_value(argv, needle):
     with pytest.raises(UsageError) as info:
@@ -81,6 +83,12 @@ def test_bad_input_is_one_line_naming_the_value(argv, needle):
     message = str(info.value)
     assert needle in message
     assert "\n" not in message
+
+
+def test_comm_layer_fusion_variable_is_honoured_unless_ours_is_set():
+    assert cfg.from_env({"MPITRAIN_FUSION_THRESHOLD": "1024"}).fusion_threshold_bytes == 1024
+    both = {"MPITRAIN_FUSION_THRESHOLD": "1024", "MPITRAIN_FUSION_THRESHOLD_BYTES": "2048"}
+    assert cfg.from_env(both).fusion_threshold_bytes == 2048
 
 
 def test_bad_env_value_names_the_variable():
