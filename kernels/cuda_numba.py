@@ -209,13 +209,14 @@ def _make_gemm(dtype):
     """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time)."""
     nbt = from_dtype(np.dtype(dtype))
     tile = _TILE
+    padded = _TILE + 1                  # shared-array shapes must be compile-time constants
 
     @cuda.jit
     def gemm_k(a, b, out, trans_a, trans_b, accumulate):
         # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes output tiles
         # b, b + gridDim.x, ... (one tile per block on a GPU; few blocks under the simulator)
-        sa = cuda.shared.array((tile, tile + 1), nbt)     # sa[i, k] = op(a)[row0 + i, k0 + k]
-        sb = cuda.shared.array((tile, tile + 1), nbt)     # sb[k, j] = op(b)[k0 + k, col0 + j]
+        sa = cuda.shared.array((tile, padded), nbt)     # sa[i, k] = op(a)[row0 + i, k0 + k]
+        sb = cuda.shared.array((tile, padded), nbt)     # sb[k, j] = op(b)[k0 + k, col0 + j]
         m, n = out.shape
         kdim = a.shape[0] if trans_a else a.shape[1]
         tiles_n = (n + tile - 1) // tile
@@ -342,7 +343,10 @@ def _bias_partials_k(grad_out, partials, rows_per_chunk):
         chunk = i // feats
         f = i - chunk * feats                    # neighbouring threads: neighbouring columns
         acc = grad_out[0, f] * 0
-        for r in range(chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)):
+        end = (chunk + 1) * rows_per_chunk
+        if end > rows:
+            end = rows
+        for r in range(chunk * rows_per_chunk, end):
             acc += grad_out[r, f]
         partials[chunk, f] = acc
 
@@ -385,7 +389,8 @@ def _softmax_xent_k(logits, labels, grad, losses):
     for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
         top = logits[r, 0]
         for j in range(1, k):
-            top = max(top, logits[r, j])
+            if logits[r, j] > top:
+                top = logits[r, j]
         s = 0.0
         for j in range(k):
             s += math.exp(logits[r, j] - top)
