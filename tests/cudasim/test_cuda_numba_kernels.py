@@ -1,4 +1,10 @@
 """Every Numba CUDA kernel against the CPU kernel of the same name (see kernel_cases.py)."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -61,3 +67,22 @@ def test_host_arrays_are_refused(dev):
 def test_bad_input_names_the_value(dev, call, match):
     with pytest.raises(ValueError, match=match):
         call(dev)
+
+
+def test_every_kernel_compiles_for_the_real_cuda_target():
+    """ptx_check.py: NVVM type-checks and compiles each kernel (no GPU needed, only libnvvm)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if "CUDA_HOME" not in env:
+        try:                                     # the pip wheel nvidia-cuda-nvcc-cu12
+            spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+        except ModuleNotFoundError:
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            env["CUDA_HOME"] = list(spec.submodule_search_locations)[0]
+    script = pathlib.Path(__file__).with_name("ptx_check.py")
+    res = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env,
+                         capture_output=True, text=True, timeout=280)
+    if res.returncode == 2 and "libnvvm not found" in res.stdout:
+        pytest.skip("no libnvvm (CUDA toolkit or pip nvidia-cuda-nvcc-cu12) to compile PTX")
+    assert res.returncode == 0 and " 0 cases failed" in res.stdout, res.stdout[-4000:] \
+        + res.stderr[-2000:]
