@@ -31,6 +31,7 @@ _CTYPE = {"float32": "float", "float64": "double", "int32": "int", "uint32": "un
           "int16": "short"}
 _CACHE_DIR = tempfile.mkdtemp(prefix="fake_cupy_")
 _libs = {}
+DEVICE_SOURCES = {}             # host source -> the same kernel as CUDA C, for nvcc_check()
 
 _PRELUDE = r"""
 #include <cmath>
@@ -119,11 +120,19 @@ class ElementwiseKernel:
                   + "\n    {\n" + self.operation + ";\n    }\n  }\n}\n")
         lib = _compile(source)
         lib.run(ctypes.c_longlong(math.prod(shape)), (ctypes.c_void_p * len(ptrs))(*ptrs))
+        # the same body as real CUDA device code, for nvcc_check()
+        DEVICE_SOURCES.setdefault(
+            source, f"typedef {_CTYPE[t.name] if t is not None else 'float'} T;\n"
+            + self.preamble + "\n__global__ void run(long long n, void** _args) {\n"
+            + "  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+            + "  if (i >= n) return;\n  " + "\n  ".join(decls)
+            + "\n  {\n" + self.operation + ";\n  }\n}\n")
 
 
 class RawKernel:
     def __init__(self, code, name, **_):
         self.name = name
+        DEVICE_SOURCES.setdefault(code, code.replace(name, "run"))
         self.lib = _compile(_PRELUDE + r"""
 struct mpitrain_dim3 { unsigned int x, y, z; };
 static mpitrain_dim3 blockIdx, blockDim, threadIdx, gridDim;
@@ -167,3 +176,23 @@ def module():
         get_current_stream=lambda: _Stream())
     return cp
 
+
+def nvcc():
+    """Path of nvcc (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin) or None."""
+    import shutil
+    for cand in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", ""), "bin/nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def nvcc_check(arch="sm_80"):
+    """Compile every kernel body seen so far as CUDA device code; (ok, nvcc's messages)."""
+    parts = [f"namespace k{n} {{\n{src}\n}}\n" for n, src in enumerate(DEVICE_SOURCES.values())]
+    path = os.path.join(_CACHE_DIR, "all_kernels.cu")
+    with open(path, "w") as f:
+        f.write("\n".join(p.replace('extern "C" ', "") for p in parts))
+    res = subprocess.run([nvcc(), "--ptx", f"-arch={arch}", "-o", path + ".ptx", path],
+                         capture_output=True, text=True, timeout=240)
+    return res.returncode == 0, res.stdout + res.stderr

@@ -72,3 +72,14 @@ def test_missing_cupy_is_one_clear_import_error():
 def test_two_training_steps_match_cpu(cpu, emulated, case):
     """The unchanged layers and optimizers on the (emulated) CuPy kernels."""
     training.check_two_steps(cpu, emulated, *training.CASES[case])
+
+
+def test_kernel_sources_compile_as_cuda(cpu, emulated):
+    """Every ElementwiseKernel/RawKernel body, compiled by nvcc as device code (sm_80)."""
+    if fake_cupy.nvcc() is None:
+        pytest.skip("no nvcc (CUDA toolkit) to compile the kernel sources as device code")
+    for param in CASES:                      # run every case so that every body is recorded
+        run_case(cpu, emulated, *param.values)
+    ok, messages = fake_cupy.nvcc_check()
+    assert ok, messages[-4000:]
+    assert len(fake_cupy.DEVICE_SOURCES) >= 15
