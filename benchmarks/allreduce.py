@@ -83,8 +83,8 @@ def bench_size(comm, nbytes, budget_s):
     for _ in range(iters):
         t_ours.append(timed(ours, comm))
         t_mpi.append(timed(theirs, comm))
-    slowest = slowest_rank(comm, np.median(t_ours), np.median(t_mpi))
-    return n * 4, iters, float(slowest[0]), float(slowest[1])
+    slowest = slowest_rank(comm, np.median(t_ours), np.median(t_mpi), min(t_ours), min(t_mpi))
+    return (n * 4, iters) + tuple(float(v) for v in slowest)
 
 
 def check_cost(comm, budget_s):
@@ -128,24 +128,29 @@ def main(argv=None):
     if rank == 0:
         print(f"# allreduce float32, N={size}, ours={args.algo}, "
               f"ring threshold={mt.comm.collectives.RING_THRESHOLD_BYTES} B")
-        print(f"{'size':>9} {'iters':>6} {'ours us':>10} {'mpi us':>10} {'ours algbw':>11} "
-              f"{'ours busbw':>11} {'mpi busbw':>10} {'ratio':>6}")
+        print("# times: median (and min) over iterations of the slowest rank; bandwidths in GB/s "
+              "from the medians; ratio = t_mpi / t_ours (median, min)")
+        print(f"{'size':>9} {'iters':>6} {'ours us':>10} {'mpi us':>10} {'ours min':>9} "
+              f"{'mpi min':>9} {'algbw':>7} {'busbw':>7} {'mpi bus':>7} {'ratio':>6} {'r(min)':>6}")
     for nbytes in sizes:
         if not verify(comm, max(1, nbytes // 4)):
             if rank == 0:
                 print(f"WRONG RESULT at {fmt_bytes(nbytes)}", file=sys.stderr)
             return 1
-        nb, iters, t_ours, t_mpi = bench_size(comm, nbytes, args.budget)
+        nb, iters, t_ours, t_mpi, min_ours, min_mpi = bench_size(comm, nbytes, args.budget)
         bus = 2 * (size - 1) / size if size > 1 else 1.0
         row = {"bytes": nb, "iters": iters, "ours_s": t_ours, "mpi_s": t_mpi,
+               "ours_min_s": min_ours, "mpi_min_s": min_mpi,
                "ours_algbw_GBps": nb / t_ours / 1e9, "mpi_algbw_GBps": nb / t_mpi / 1e9,
                "ours_busbw_GBps": nb / t_ours / 1e9 * bus, "mpi_busbw_GBps": nb / t_mpi / 1e9 * bus,
-               "ratio": t_mpi / t_ours}
+               "ratio": t_mpi / t_ours, "ratio_min": min_mpi / min_ours}
         results.append(row)
         if rank == 0:
             print(f"{fmt_bytes(nb):>9} {iters:>6} {t_ours * 1e6:>10.1f} {t_mpi * 1e6:>10.1f} "
-                  f"{row['ours_algbw_GBps']:>9.3f}GB {row['ours_busbw_GBps']:>9.3f}GB "
-                  f"{row['mpi_busbw_GBps']:>8.3f}GB {row['ratio']:>6.2f}", flush=True)
+                  f"{min_ours * 1e6:>9.1f} {min_mpi * 1e6:>9.1f} "
+                  f"{row['ours_algbw_GBps']:>7.3f} {row['ours_busbw_GBps']:>7.3f} "
+                  f"{row['mpi_busbw_GBps']:>7.3f} {row['ratio']:>6.2f} {row['ratio_min']:>6.2f}",
+                  flush=True)
     cost = check_cost(comm, args.budget)
     if rank == 0:
         for c in cost:

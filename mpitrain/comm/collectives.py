@@ -10,10 +10,13 @@ Allreduce path:
   allgather and every rank reduces the N rows locally in rank order: one MPI call in all, and the
   same bits on every rank;
 - float16 always takes the ring (MPI has no portable float16 reduction);
-- messages of at least ``RING_THRESHOLD_BYTES`` take the ring, smaller ones MPI_Allreduce, which
-  wins below that size because a ring pays 2(N-1) message latencies plus Python overhead per
-  step (measured with benchmarks/allreduce.py, see docs/benchmarks.md); integers follow the same
-  rule, as MPI's integer sums wrap exactly like ours;
+- messages of at least ``RING_THRESHOLD_BYTES`` (8 MiB, ``MPITRAIN_RING_THRESHOLD``) take the
+  ring, smaller ones MPI_Allreduce. Measured at N=2 (docs/benchmarks.md): below ~8 MB MPICH's
+  allreduce is as fast or a little faster (each ring step is a synchronising shared-memory
+  rendezvous plus Python; MPICH halves the number of such exchanges and runs in C); from 16-32 MB
+  on the ring wins up to 3x, as MPICH allocates and faults in a fresh temporary buffer every call
+  while the ring reuses its scratch. Integers follow the same rule: MPI's integer sums wrap
+  exactly like our Numba kernels, so both paths give identical integers;
 - ``MPITRAIN_ALLREDUCE=ring|mpi`` forces one path (comparisons, debugging).
 Average is Sum followed by a scale of postscale_factor/N; prescale_factor multiplies the input
 first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
@@ -33,7 +36,7 @@ from mpitrain.comm.fusion import FusionBuffer, threshold_from_env
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels.cpu import reduce_into
 
-RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 64 * 1024))
+RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 8 << 20))
 SUBCHUNK_BYTES = int(os.environ.get("MPITRAIN_RING_SUBCHUNK", 1 << 20))
 DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
                                      "float16", "float32", "float64"))
@@ -149,15 +152,18 @@ def _as_array(x, kind, in_place=False, min_ndim=0):
 
 
 def _as_op(op, kind):
-    if isinstance(op, ReduceOp):
+    if op.__class__ is ReduceOp:
         return op, None
     try:
         return ReduceOp(str(op).lower()), None
     except ValueError:
-        return None, f"{kind}: unknown op {op!r}; use mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product"
+        return None, (f"{kind}: unknown op {op!r}; "
+                      f"use mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product")
 
 
 def _as_factor(value, label):
+    if type(value) is float and math.isfinite(value):      # the common case, checked cheaply
+        return value, None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         return None, f"{label}={value!r} is not a number"
     if not math.isfinite(float(value)):
@@ -235,9 +241,10 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
 
 def _reduce_rows(flat, rows, kind):
     """flat = rows[0] op rows[1] op ... in rank order: the same bits on every rank."""
-    flat[...] = rows[0].view(flat.dtype)
+    dtype = flat.dtype
+    flat[...] = rows[0].view(dtype)
     for r in range(1, rows.shape[0]):
-        reduce_into(flat, rows[r].view(flat.dtype), kind)
+        reduce_into(flat, rows[r].view(dtype), kind)
 
 
 def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):

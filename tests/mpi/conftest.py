@@ -1,4 +1,4 @@
-"""pytest under mpiexec: every rank runs the same tests; only rank 0 reports; no rank waits for ever.
+"""pytest under mpiexec: all ranks run the same tests, rank 0 alone reports, no rank hangs.
 
 - Ranks other than 0 unregister pytest's terminal reporter, so the output is one normal report
   (rank 0's), not N interleaved ones.

@@ -1,4 +1,4 @@
-"""allgather, broadcast, reducescatter, alltoall, objects, barrier, local/cross ranks (mpiexec -n 1..4)."""
+"""allgather, broadcast, reducescatter, alltoall, objects, barrier, local/cross ranks (N = 1..4)."""
 import os
 
 import numpy as np

@@ -129,14 +129,22 @@ def test_collective_error_is_runtime_error():
     assert issubclass(mt.CollectiveError, RuntimeError)
 
 
-def test_device_arrays_have_one_clear_dispatch_point():
+def test_device_arrays_have_one_clear_dispatch_point(monkeypatch):
+    """Arrays with __cuda_array_interface__ go to comm/device.py; without it, one clear error."""
+    import sys
+    from mpitrain.comm import collectives
+
     class FakeDeviceArray:
         __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False),
                                     "version": 3}
-    try:
-        import mpitrain.comm.device  # noqa: F401
-        pytest.skip("mpitrain.comm.device exists; its own tests cover device arrays")
-    except ImportError:
-        pass
+    seen = []
+    monkeypatch.setattr(collectives, "_device",
+                        lambda name: lambda *a, **k: seen.append(name) or "routed")
+    x = FakeDeviceArray()
+    assert mt.allreduce(x) == "routed" and mt.grouped_allreduce_([x]) == "routed"
+    assert mt.broadcast_(x, 0) == "routed"
+    assert seen == ["allreduce", "grouped_allreduce_", "broadcast_"]
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "mpitrain.comm.device", None)     # import fails
     with pytest.raises(NotImplementedError, match="device array"):
         mt.allreduce(FakeDeviceArray())
