@@ -38,10 +38,15 @@ class CollectiveError(RuntimeError):
     """Ranks called a collective with arguments that do not match; raised on every rank."""
 
 
-def fingerprint(desc):
-    """62-bit digest of a description, identical in every process (no per-process hash seed)."""
+def fingerprint(desc, key=None):
+    """62-bit digest of a description, identical in every process (no per-process hash seed).
+
+    key: optional hashable stand-in for ``desc`` (cheaper to hash than the description with its
+    dict); digests are cached under it, or under the description's items when it is None.
+    """
     try:
-        key = (desc[0], tuple(desc[1].items()), desc[2])
+        if key is None:
+            key = (desc[0], tuple(desc[1].items()), desc[2])
         h = _digests.get(key)
     except TypeError:                    # an unhashable field value: digest without caching
         key, h = None, None
@@ -53,7 +58,7 @@ def fingerprint(desc):
     return h
 
 
-def agree(comm, kind, fields, error=None, payload=None):
+def agree(comm, kind, fields, error=None, payload=None, key=None):
     """Check that every rank of ``comm`` calls collective ``kind`` with the same ``fields``.
 
     fields: dict of name -> value (values need a deterministic repr: tuples, str, numbers).
@@ -62,6 +67,7 @@ def agree(comm, kind, fields, error=None, payload=None):
     then the return value is every rank's payload, rows of a (size, len(payload)) array (valid
     until the next check), else None. Without the exchange (one rank, MPITRAIN_CHECK=0) the
     return value is None, so callers always keep a path that does not rely on the payload.
+    key: optional hashable summary of (kind, fields, error) for the digest cache (fingerprint).
     Raises CollectiveError (mismatch anywhere) or ValueError (the same local error everywhere).
 
     Every collective's first MPI call is this fixed-size Allgather, whatever its kind and
@@ -74,7 +80,7 @@ def agree(comm, kind, fields, error=None, payload=None):
             raise ValueError(error)
         return None
     desc = (kind, fields, error)
-    h = fingerprint(desc)
+    h = fingerprint(desc, key)
     _send[0] = h
     n = 0
     if payload is not None:
@@ -86,7 +92,7 @@ def agree(comm, kind, fields, error=None, payload=None):
         bufs = _recv[size] = (rows, rows.view(np.uint8)[:, HEADER_BYTES:])
     comm.Allgather(_send, bufs[0])
     # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
-    if any(v != h for v in bufs[0][:, 0].tolist()):
+    if bufs[0][:, 0].tolist().count(h) != size:
         raise CollectiveError(_explain(comm.allgather(desc)))
     if error is not None:
         raise ValueError(error)
