@@ -9,14 +9,16 @@ bugs in the layer code and costs two PCIe transfers per kernel.
 
 Launch shape. Elementwise kernels are 1-D grid-stride loops over the flattened arrays, so one
 launch configuration (``_TPB`` threads x at most ``_MAX_BLOCKS`` blocks) is correct for any size.
-The simulator runs every thread as a Python thread, so there the configuration shrinks (32 x 2 and
-8 x 8 GEMM tiles); the kernels are the same code either way, only the launch differs.
+The simulator runs every thread as a Python thread, so there the configuration shrinks (2 blocks
+of 32 threads; GEMM blocks of 4 x 4 threads with 2 x 2 outputs each); the kernels are the same
+code either way, only the launch differs.
 
 Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
 memory into one float64 partial, and the few partials are summed on the host in block order. The
-GEMM is the classic tiled shared-memory kernel (one output element per thread, ``_TILE`` x
-``_TILE`` tiles of op(a) and op(b) staged through shared memory; transposed operands are loaded
-with the thread index on the contiguous axis so global reads stay coalesced).
+GEMM is a tiled shared-memory kernel with register blocking (16 x 16 threads, each computing
+4 x 4 outputs of a 64 x 64 tile; op(a) and op(b) staged through shared memory in K-stages of 16,
+loaded with consecutive threads on each operand's contiguous axis so global reads coalesce
+whatever the transposes).
 """
 import math
 import sys
@@ -34,7 +36,8 @@ if not _SIM and not cuda.is_available():
 
 _TPB = 32 if _SIM else 256          # threads per block of the 1-D kernels (a power of two)
 _MAX_BLOCKS = 2 if _SIM else 2048   # grid-stride loops cover whatever is beyond
-_TILE = 8 if _SIM else 16           # GEMM tile edge (threads per block = _TILE**2)
+_TILE = 4 if _SIM else 16           # GEMM threads per block edge (_TILE**2 threads)
+_MICRO = 2 if _SIM else 4           # GEMM outputs per thread edge: block tile _TILE * _MICRO
 _MAX_GEMM_BLOCKS = 2 if _SIM else 2**31 - 1
 _OPS = ("sum", "min", "max", "prod")
 if _SIM:
@@ -206,53 +209,82 @@ def total(a):
 # --- GEMM ---------------------------------------------------------------------------------------
 
 def _make_gemm(dtype):
-    """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time)."""
+    """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time).
+
+    A block of _TILE x _TILE threads computes a _BM x _BM output tile (_BM = _TILE * _MICRO):
+    each thread accumulates _MICRO x _MICRO outputs in registers, rows ty + p*_TILE and columns
+    tx + q*_TILE, so one value read from shared memory feeds _MICRO multiply-adds. K advances in
+    stages of _TILE: every thread loads _MICRO elements of op(a) and of op(b), with consecutive
+    threads on the operand's contiguous axis (coalesced for either transpose).
+    """
     nbt = from_dtype(np.dtype(dtype))
-    tile = _TILE
-    padded = _TILE + 1                  # shared-array shapes must be compile-time constants
+    tt, micro, bm = _TILE, _MICRO, _TILE * _MICRO       # compile-time constants (closure)
+    bk = _TILE
+    bk_pad, bm_pad = bk + 1, bm + 1                     # +1: no shared-memory bank conflicts
 
     @cuda.jit
     def gemm_k(a, b, out, trans_a, trans_b, accumulate):
         # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes output tiles
         # b, b + gridDim.x, ... (one tile per block on a GPU; few blocks under the simulator)
-        sa = cuda.shared.array((tile, padded), nbt)     # sa[i, k] = op(a)[row0 + i, k0 + k]
-        sb = cuda.shared.array((tile, padded), nbt)     # sb[k, j] = op(b)[k0 + k, col0 + j]
+        sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
+        sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
+        acc = cuda.local.array((micro, micro), nbt)
         m, n = out.shape
         kdim = a.shape[0] if trans_a else a.shape[1]
-        tiles_n = (n + tile - 1) // tile
-        tiles = ((m + tile - 1) // tile) * tiles_n
+        tiles_n = (n + bm - 1) // bm
+        tiles = ((m + bm - 1) // bm) * tiles_n
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
+        tid = ty * tt + tx
         for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-            row0 = (t // tiles_n) * tile
-            col0 = (t % tiles_n) * tile
-            acc = nbt(0)
-            for k0 in range(0, kdim, tile):
-                # op(a) tile; for trans_a read a[k, i] with tx on a's contiguous axis
-                if trans_a:
-                    r, kk = row0 + tx, k0 + ty
-                    sa[tx, ty] = a[kk, r] if (r < m and kk < kdim) else nbt(0)
-                else:
-                    r, kk = row0 + ty, k0 + tx
-                    sa[ty, tx] = a[r, kk] if (r < m and kk < kdim) else nbt(0)
-                # op(b) tile; for trans_b read b[j, k] with tx on b's contiguous axis
-                if trans_b:
-                    c, kk = col0 + ty, k0 + tx
-                    sb[tx, ty] = b[c, kk] if (c < n and kk < kdim) else nbt(0)
-                else:
-                    c, kk = col0 + tx, k0 + ty
-                    sb[ty, tx] = b[kk, c] if (c < n and kk < kdim) else nbt(0)
+            row0 = (t // tiles_n) * bm
+            col0 = (t % tiles_n) * bm
+            for p in range(micro):
+                for q in range(micro):
+                    acc[p, q] = 0
+            for k0 in range(0, kdim, bk):
+                for e in range(micro):                  # bm * bk = micro * tt**2 elements
+                    idx = e * tt * tt + tid
+                    if trans_a:                         # a (K, M): i is contiguous
+                        i = idx % bm
+                        kk = idx // bm
+                        r = row0 + i
+                        kg = k0 + kk
+                        sa[i, kk] = a[kg, r] if (r < m and kg < kdim) else nbt(0)
+                    else:                               # a (M, K): k is contiguous
+                        kk = idx % bk
+                        i = idx // bk
+                        r = row0 + i
+                        kg = k0 + kk
+                        sa[i, kk] = a[r, kg] if (r < m and kg < kdim) else nbt(0)
+                    if trans_b:                         # b (N, K): k is contiguous
+                        kk = idx % bk
+                        j = idx // bk
+                        c = col0 + j
+                        kg = k0 + kk
+                        sb[kk, j] = b[c, kg] if (c < n and kg < kdim) else nbt(0)
+                    else:                               # b (K, N): j is contiguous
+                        j = idx % bm
+                        kk = idx // bm
+                        c = col0 + j
+                        kg = k0 + kk
+                        sb[kk, j] = b[kg, c] if (c < n and kg < kdim) else nbt(0)
                 cuda.syncthreads()
-                for k in range(tile):
-                    acc += sa[ty, k] * sb[k, tx]
+                for kk in range(bk):
+                    for p in range(micro):
+                        av = sa[ty + p * tt, kk]
+                        for q in range(micro):
+                            acc[p, q] += av * sb[kk, tx + q * tt]
                 cuda.syncthreads()
-            r = row0 + ty
-            c = col0 + tx
-            if r < m and c < n:
-                if accumulate:
-                    out[r, c] += acc
-                else:
-                    out[r, c] = acc
+            for p in range(micro):
+                r = row0 + ty + p * tt
+                for q in range(micro):
+                    c = col0 + tx + q * tt
+                    if r < m and c < n:
+                        if accumulate:
+                            out[r, c] += acc[p, q]
+                        else:
+                            out[r, c] = acc[p, q]
 
     return gemm_k
 
@@ -274,7 +306,8 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     key = np.dtype(out.dtype).str
     if key not in _gemm_kernels:
         _gemm_kernels[key] = _make_gemm(out.dtype)
-    tiles = ((m + _TILE - 1) // _TILE) * ((n + _TILE - 1) // _TILE)
+    bm = _TILE * _MICRO
+    tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
     blocks = min(tiles, _MAX_GEMM_BLOCKS)
     _gemm_kernels[key][blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
                                                 bool(accumulate))

@@ -4,7 +4,8 @@ Each case builds host arguments from a seeded generator; ``run_case`` gives the 
 copies and the device kernel ``to_device`` copies of the same arrays, then compares every array
 argument afterwards (outputs and in-place updates alike) and the return value. Shapes are tiny
 (the CUDA simulator runs one Python thread per GPU thread) but cross the simulator's block and
-GEMM-tile edges (32 threads x 2 blocks, 8 x 8 tiles), so grid-stride loops and partial tiles run.
+GEMM-tile edges (32 threads x 2 blocks, 8 x 8 GEMM tiles with K-stages of 4), so
+grid-stride loops, partial tiles and several K-stages run.
 Used by tests/cudasim (Numba CUDA under NUMBA_ENABLE_CUDASIM=1) and tests/gpu (CuPy).
 """
 import numpy as np
