@@ -67,10 +67,13 @@ test-gpu: venv
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
 	$(PY) benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 --out out/bench
+	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --algo ring \
+		--max-bytes 64M --json out/bench/allreduce-ring.json
 	MPIEXEC="$(MPIEXEC)" $(PY) benchmarks/scaling.py --ranks 1 2 --model mlp lenet --mode weak \
 		--steps 60 --repeat 2 --timeout $(MPI_TIMEOUT) --out out/bench \
 		--markdown out/bench/scaling-weak.md -- --threads 1
-	$(PY) benchmarks/perfmodel.py --allreduce out/bench/allreduce.json --step out/bench/step.json \
+	$(PY) benchmarks/perfmodel.py --allreduce out/bench/allreduce.json out/bench/allreduce-ring.json \
+		--step out/bench/step.json \
 		--scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us \
 		--out out/bench --markdown out/bench/perfmodel.md
 	@echo "paste out/bench/*.md into docs/benchmarks.md"

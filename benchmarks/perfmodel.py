@@ -79,6 +79,46 @@ def ring_time(n, ranks, alpha, beta, gamma):
     return 2 * (ranks - 1) * alpha + 2 * frac * n * beta + frac * n * gamma
 
 
+def tree_steps(ranks):
+    """Latency steps of MPI's allreduce for large messages (Rabenseifner: recursive halving
+    reduce-scatter + recursive doubling allgather): 2 ceil(log2 N)."""
+    ranks = np.asarray(ranks, dtype=float)
+    return 2 * np.ceil(np.log2(np.maximum(ranks, 1)))
+
+
+def mpi_time(n, ranks, alpha, combined):
+    """Seconds for one MPI_Allreduce of n bytes, modelled as 2 ceil(log2 N) alpha_mpi +
+    (N-1)/N n (2 beta + gamma)_mpi -- the ring's bandwidth term, a logarithmic latency term."""
+    n = np.asarray(n, dtype=float)
+    ranks = np.asarray(ranks, dtype=float)
+    return tree_steps(ranks) * alpha + (ranks - 1) / ranks * n * combined
+
+
+def fit_mpi(obs):
+    """alpha_mpi and combined_mpi from (bytes, ranks, seconds) MPI_Allreduce timings (relative
+    least squares, >= 0); used for the fusion buckets below the ring threshold, which our
+    allreduce hands to MPI."""
+    obs = np.asarray(list(obs), dtype=float).reshape(-1, 3)              # (M, 3)
+    if len(obs) == 0 or len(np.unique(obs[:, 0])) < 2:
+        raise ModelError("MPI_Allreduce timings at two or more sizes are needed")
+    n, ranks, t = obs.T
+    a = np.column_stack([tree_steps(ranks), (ranks - 1) / ranks * n])
+    alpha, combined = _rel_lstsq(a, t)
+    pred = mpi_time(n, ranks, alpha, combined)
+    return {"alpha": float(alpha), "combined": float(combined), "points": int(len(obs)),
+            "rel_rms": float(np.sqrt(np.mean(((pred - t) / t) ** 2)))}
+
+
+def _rel_lstsq(a, y):
+    """Non-negative least squares minimising relative errors: timings span orders of
+    magnitude, so every row counts by its % error; columns are conditioned on their own
+    magnitude, then scaled back."""
+    a_w = a / y[:, None]
+    scale = np.abs(a_w).max(axis=0)
+    scale[scale == 0] = 1.0
+    return _nonneg_lstsq(a_w / scale, np.ones_like(y)) / scale
+
+
 def _nonneg_lstsq(a, y):
     """Least squares with every coefficient >= 0: fix negative ones at 0 and refit the rest
     (enough for 2-4 unknowns that are physically positive; noise can push a tiny one below 0)."""
@@ -126,12 +166,7 @@ def fit(ring_obs, reduce_obs=None):
         # Unknowns: alpha, c = 2 beta + gamma.
         a = np.column_stack([2 * (ranks - 1), frac * n])
         y = t
-    # Relative weighting: timings span orders of magnitude; every row counts by its % error.
-    # The scaled columns are conditioned on their own magnitude, then scaled back.
-    a_w = a / y[:, None]
-    scale = np.abs(a_w).max(axis=0)
-    scale[scale == 0] = 1.0
-    x = _nonneg_lstsq(a_w / scale, np.ones_like(y)) / scale
+    x = _rel_lstsq(a, y)
     if len(red):
         alpha, beta, gamma, call = x
         combined = 2 * beta + gamma
@@ -187,14 +222,29 @@ def parse_link(spec):
     return {"name": spec.replace(" ", ""), "alpha": latency, "beta": 1.0 / bytes_per_s}
 
 
-def network_params(fitted, link=None):
-    """alpha/beta/gamma of the measured local network, or of a user link on top of our stack."""
+def network_params(fitted, link=None, mpi=None, ring_threshold=0):
+    """alpha/beta/gamma of the measured local network, or of a user link on top of our stack.
+    With ``mpi`` (from ``fit_mpi``), buckets below ``ring_threshold`` bytes are costed as
+    MPI_Allreduce, as our allreduce sends them there."""
     gamma = fitted["gamma"] or 0.0
     if link is None:
-        return {"name": "local (measured)", "alpha": fitted["alpha"], "beta": fitted["beta"],
-                "gamma": gamma}
-    return {"name": link["name"], "alpha": fitted["alpha"] + link["alpha"],
-            "beta": max(link["beta"], fitted["beta"]), "gamma": gamma}
+        net = {"name": "local (measured)", "alpha": fitted["alpha"], "beta": fitted["beta"],
+               "gamma": gamma}
+    else:
+        net = {"name": link["name"], "alpha": fitted["alpha"] + link["alpha"],
+               "beta": max(link["beta"], fitted["beta"]), "gamma": gamma}
+    net["ring_threshold"] = int(ring_threshold) if mpi else 0
+    if mpi:
+        net["mpi_alpha"] = mpi["alpha"] + (link["alpha"] if link else 0.0)
+        net["mpi_combined"] = max(mpi["combined"], 2 * link["beta"] + gamma if link else 0.0)
+    return net
+
+
+def allreduce_time(nb, ranks, net):
+    """One allreduce of a bucket as our code runs it: the ring from the threshold up, else MPI."""
+    if nb >= net.get("ring_threshold", 0):
+        return float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
+    return float(mpi_time(nb, ranks, net["mpi_alpha"], net["mpi_combined"]))
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -242,41 +292,62 @@ def _ring_threshold(doc):
     return int(value)
 
 
-def load_allreduce(path):
-    """(ring observations [(bytes, ranks, s)], reduce observations [(bytes, s)] or None).
+def _pick_time(rec, prefix, stat):
+    """Seconds of the ``stat`` ("median" or "min") timing of ``prefix`` in an allreduce record:
+    {prefix}s / {prefix}median_s for the median, {prefix}min_s / {prefix}best_s for the minimum
+    (also _ms / _us), falling back to the other statistic when only that one was written."""
+    stems = {"median": ("", "median_", "time_"), "min": ("min_", "best_")}
+    order = stems[stat] + stems["min" if stat == "median" else "median"]
+    for stem in order:
+        for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+            value = rec.get(f"{prefix}{stem}{unit}")
+            if value is not None:
+                return float(value) * factor
+    return None
+
+
+def load_allreduce(paths, stat="median"):
+    """{"ring": [(bytes, ranks, s)], "mpi": [(bytes, ranks, s)], "reduce": [(bytes, s)] or None}
+    from one or more allreduce-benchmark files.
 
     benchmarks/allreduce.py writes ``{"ranks": N, "algo": "auto"|"ring"|"mpi", "results":
-    [{"bytes", "ours_s", "mpi_s", ...}]}``: ``ours_s`` is our allreduce, which under "auto" takes
-    the ring only from the ring threshold up (smaller sizes are MPI_Allreduce and are skipped
-    here); under "mpi" there is no ring timing at all. Per-record ``algo`` and ``time_us`` /
-    ``time_s`` spellings are accepted too.
+    [{"bytes", "ours_s", "ours_min_s", "mpi_s", "mpi_min_s", ...}]}`` (medians and minima over
+    iterations of the slowest rank). ``ours`` is our allreduce, which under "auto" takes the ring
+    only from the ring threshold up (smaller sizes ran MPI_Allreduce and are not ring timings);
+    under "ring" every size is; under "mpi" none. ``mpi`` is MPI_Allreduce at every size.
+    Per-record ``algo`` and ``time_us`` spellings are accepted too.
     """
-    doc = _read_json(path, "allreduce")
-    top = doc if isinstance(doc, dict) else {}
-    top_ranks = _get(top, ("ranks", "size", "world_size", "nranks"))
-    top_algo = str(_get(top, ("algo", "algorithm"), "ring")).lower()
-    ring = []
-    for rec in _records(doc):
-        algo = str(_get(rec, ("algo", "algorithm", "impl", "method"), top_algo)).lower()
-        n = _get(rec, ("bytes", "nbytes", "size_bytes", "message_bytes"))
-        if algo == "auto" and n is not None and n < _ring_threshold(top):
-            continue
-        if algo not in ("ring", "auto"):
-            continue
-        ranks = _get(rec, ("ranks", "size", "world_size", "nranks"), top_ranks)
-        t = _seconds(rec, "ours_") or _seconds(rec)
-        if n is None or ranks is None or t is None:
-            raise ModelError(f"allreduce JSON {path}: record lacks bytes/ranks/time: {rec}")
-        if int(ranks) >= 2:
-            ring.append((float(n), int(ranks), t))
-    if not ring:
-        raise ModelError(f"allreduce JSON {path}: no ring timings with ranks >= 2 (run it "
+    out = {"ring": [], "mpi": [], "reduce": None}
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        doc = _read_json(path, "allreduce")
+        top = doc if isinstance(doc, dict) else {}
+        top_ranks = _get(top, ("ranks", "size", "world_size", "nranks"))
+        top_algo = str(_get(top, ("algo", "algorithm"), "ring")).lower()
+        for rec in _records(doc):
+            algo = str(_get(rec, ("algo", "algorithm", "impl", "method"), top_algo)).lower()
+            n = _get(rec, ("bytes", "nbytes", "size_bytes", "message_bytes"))
+            ranks = _get(rec, ("ranks", "size", "world_size", "nranks"), top_ranks)
+            if n is None or ranks is None:
+                raise ModelError(f"allreduce JSON {path}: record lacks bytes/ranks: {rec}")
+            if int(ranks) < 2:
+                continue
+            t_mpi = _pick_time(rec, "mpi_", stat)
+            if t_mpi is not None:
+                out["mpi"].append((float(n), int(ranks), t_mpi))
+            if algo == "mpi" or (algo == "auto" and n < _ring_threshold(top)):
+                continue
+            t = _pick_time(rec, "ours_", stat) or _pick_time(rec, "time_", stat) \
+                or _seconds(rec)
+            if t is None:
+                raise ModelError(f"allreduce JSON {path}: record lacks a time: {rec}")
+            out["ring"].append((float(n), int(ranks), t))
+        kernel = _get(top, ("reduce_kernel", "reduce", "reduce_into"))
+        if isinstance(kernel, list) and kernel:
+            out["reduce"] = [(float(_get(r, ("bytes", "nbytes"))), _seconds(r)) for r in kernel]
+    if not out["ring"]:
+        raise ModelError(f"allreduce JSON {paths}: no ring timings with ranks >= 2 (run it "
                          "under mpiexec -n 2 or more, --algo ring or auto)")
-    reduce_obs = None
-    kernel = _get(top, ("reduce_kernel", "reduce", "reduce_into"))
-    if isinstance(kernel, list) and kernel:
-        reduce_obs = [(float(_get(r, ("bytes", "nbytes"))), _seconds(r)) for r in kernel]
-    return ring, reduce_obs
+    return out
 
 
 def load_step(paths, stat="median"):
@@ -401,7 +472,7 @@ def step_time(compute_s, plan, ranks, net, mu, ranks_per_node=1, cores=1):
     comm = 0.0
     if ranks > 1:              # one rank: DistributedOptimizer skips averaging, packing included
         for nb, count in plan:
-            comm += float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
+            comm += allreduce_time(nb, ranks, net)
             comm += ((2 if count > 1 else 0) + 1) * nb * mu
     return compute_s * share + comm, comm
 
@@ -483,15 +554,25 @@ def _eng(seconds_per_byte):
     return "inf" if seconds_per_byte <= 0 else f"{1 / seconds_per_byte / 1e9:.2f} GB/s"
 
 
-def format_report(fitted, mu, nets, proj, rows, models, markdown=False):
+def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None, plans=None):
     lines = []
     gam = fitted["gamma"]
-    lines.append(f"fit ({fitted['ring_points']} ring + {fitted['reduce_points']} reduce timings, "
-                 f"relative RMS residual {100 * fitted['rel_rms']:.1f}%): "
+    lines.append(f"ring fit ({fitted['ring_points']} ring + {fitted['reduce_points']} reduce "
+                 f"timings, relative RMS residual {100 * fitted['rel_rms']:.1f}%): "
                  f"alpha = {fitted['alpha'] * 1e6:.2f} us, beta = 1/{_eng(fitted['beta'])}, "
                  f"gamma = {'unknown' if gam is None else '1/' + _eng(gam)}, "
                  f"copy mu = 1/{_eng(mu)}")
     lines.append(f"identifiable: {fitted['identifiable']}")
+    threshold = nets[0].get("ring_threshold", 0)
+    if mpi:
+        lines.append(f"MPI_Allreduce fit ({mpi['points']} timings, relative RMS residual "
+                     f"{100 * mpi['rel_rms']:.1f}%): alpha_mpi = {mpi['alpha'] * 1e6:.2f} us, "
+                     f"2beta+gamma = 1/{_eng(mpi['combined'])}; used for buckets < "
+                     f"{threshold} bytes")
+    for model in models if plans else ():
+        desc = ", ".join(f"{nb / 1e6:.2f} MB ({'ring' if nb >= threshold else 'MPI'})"
+                         for nb, _ in plans[model])
+        lines.append(f"{model} gradient buckets: {desc}")
     pow2 = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
             if n <= len(next(iter(next(iter(proj.values())).values()))["ranks"])]
     head = ["network", "model"] + [f"N={n}" for n in pow2]
@@ -591,7 +672,12 @@ def plot(proj, rows, models, path):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--allreduce", required=True, help="JSON of benchmarks/allreduce.py")
+    ap.add_argument("--allreduce", required=True, nargs="+",
+                    help="JSON of benchmarks/allreduce.py (several: e.g. --algo auto and ring)")
+    ap.add_argument("--allreduce-stat", choices=("median", "min"), default="median",
+                    help="which allreduce timing to fit (default median)")
+    ap.add_argument("--ring-threshold-bytes", type=int, default=None,
+                    help="buckets below this go to MPI_Allreduce (default: our allreduce's)")
     ap.add_argument("--step", required=True, nargs="+",
                     help="JSON of benchmarks/step.py (several: e.g. one per --threads)")
     ap.add_argument("--step-stat", choices=("median", "best"), default="median",
@@ -625,7 +711,8 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         links = [parse_link(s) for s in args.link]
-        ring_obs, reduce_obs = load_allreduce(args.allreduce)
+        timings = load_allreduce(args.allreduce, args.allreduce_stat)
+        ring_obs, reduce_obs = timings["ring"], timings["reduce"]
         steps = load_step(args.step, args.step_stat)
         missing = [m for m in args.model if m not in steps]
         if missing:
@@ -638,10 +725,14 @@ def main(argv=None):
             lo, hi = parse_range(args.fit_bytes)
             ring_obs = [o for o in ring_obs if lo <= o[0] <= hi]
         fitted = fit(ring_obs, reduce_obs)
+        mpi = fit_mpi(timings["mpi"]) if len({o[0] for o in timings["mpi"]}) >= 2 else None
         mu = per_byte(copy_obs) if copy_obs else 0.0
         plans = {m: fusion_plan(gradient_tensor_bytes(m), args.fusion_threshold_bytes)
                  for m in args.model}
-        nets = [network_params(fitted)] + [network_params(fitted, link) for link in links]
+        threshold = args.ring_threshold_bytes
+        if threshold is None:
+            from mpitrain.comm.collectives import RING_THRESHOLD_BYTES as threshold
+        nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
         rows, cores = [], args.cores or usable_cores()
         points = load_scaling(args.scaling)[1] if args.scaling else []
         if args.compute_from == "scaling":
@@ -658,10 +749,11 @@ def main(argv=None):
     except ModelError as e:
         print(f"perfmodel: error: {e}", file=sys.stderr)
         return 2
-    print(format_report(fitted, mu, nets, proj, rows, args.model))
+    print(format_report(fitted, mu, nets, proj, rows, args.model, mpi=mpi, plans=plans))
     if args.markdown:
         md = (f"`{shlex.join(['python'] + sys.argv)}`\n\n"
-              + format_report(fitted, mu, nets, proj, rows, args.model, markdown=True) + "\n")
+              + format_report(fitted, mu, nets, proj, rows, args.model, markdown=True,
+                                mpi=mpi, plans=plans) + "\n")
         if args.markdown == "-":
             print("\n" + md, end="")
         else:
@@ -669,7 +761,7 @@ def main(argv=None):
             Path(args.markdown).write_text(md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "perfmodel", "fit": fitted, "copy_s_per_byte": mu,
+    doc = {"benchmark": "perfmodel", "fit": fitted, "mpi_fit": mpi, "copy_s_per_byte": mu,
            "networks": nets, "batch_per_rank": args.batch_size, "cores": cores,
            "compute_from": args.compute_from, "fusion_plans": plans,
            "inputs": {"allreduce": args.allreduce, "step": args.step, "scaling": args.scaling},

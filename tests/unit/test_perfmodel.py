@@ -90,6 +90,27 @@ def test_nonnegative_fit_clamps_noise_below_zero():
     assert f["alpha"] == 0.0 and f["combined"] > 0
 
 
+def test_mpi_fit_and_threshold_dispatch():
+    a_m, c_m = 3e-6, 1 / 4e9
+    obs = [(n, r, float(pm.mpi_time(n, r, a_m, c_m))) for r in (2, 4, 8) for n in SIZES]
+    f = pm.fit_mpi(obs)
+    assert f["alpha"] == pytest.approx(a_m, rel=1e-6)
+    assert f["combined"] == pytest.approx(c_m, rel=1e-6)
+    assert pm.tree_steps([2, 3, 4, 1024]).tolist() == [2, 4, 4, 20]
+    ring_fit = {"alpha": ALPHA, "beta": BETA, "gamma": GAMMA}
+    net = pm.network_params(ring_fit, None, f, ring_threshold=1 << 20)
+    assert pm.allreduce_time(2 << 20, 4, net) == pytest.approx(
+        pm.ring_time(2 << 20, 4, ALPHA, BETA, GAMMA))
+    assert pm.allreduce_time(1 << 19, 4, net) == pytest.approx(pm.mpi_time(1 << 19, 4, a_m, c_m))
+    link = pm.network_params(ring_fit, pm.parse_link("8Gbps,10us"), f, ring_threshold=1 << 20)
+    assert link["mpi_alpha"] == pytest.approx(a_m + 10e-6)
+    assert link["mpi_combined"] == pytest.approx(2 / 1e9 + GAMMA)     # the link is the bottleneck
+    no_mpi = pm.network_params(ring_fit)
+    assert no_mpi["ring_threshold"] == 0                               # everything on the ring
+    with pytest.raises(pm.ModelError):
+        pm.fit_mpi(obs[:1])
+
+
 def test_parse_link():
     link = pm.parse_link("25Gbps,5us")
     assert link["alpha"] == pytest.approx(5e-6)
@@ -184,8 +205,10 @@ def _write_inputs(tmp_path):
 
 def test_loaders_read_the_documented_format(tmp_path):
     a, s = _write_inputs(tmp_path)
-    ring, red = pm.load_allreduce(a)
+    got = pm.load_allreduce(a)
+    ring, red = got["ring"], got["reduce"]
     assert len(ring) == len(SIZES) and all(r[1] == 2 for r in ring)   # mpi record skipped
+    assert got["mpi"] == []
     f = pm.fit(ring, red)
     assert f["beta"] == pytest.approx(BETA, rel=1e-6)
     steps = pm.load_step(s)
@@ -200,10 +223,19 @@ def test_loaders_read_the_sibling_benchmarks_formats(tmp_path):
     # threshold up ran the ring. benchmarks/step.py: nested best/median rounds, threads.
     ring, _ = synthetic((2,))
     doc = {"ranks": 2, "algo": "auto", "ring_threshold_bytes": 65536,
-           "results": [{"bytes": n, "iters": 5, "ours_s": t, "mpi_s": t} for n, _, t in ring]}
+           "results": [{"bytes": n, "iters": 5, "ours_s": t, "ours_min_s": t / 2,
+                        "mpi_s": 2 * t, "mpi_min_s": t} for n, _, t in ring]}
     (tmp_path / "a.json").write_text(json.dumps(doc))
-    got, red = pm.load_allreduce(tmp_path / "a.json")
-    assert red is None and [g[0] for g in got] == [n for n in SIZES if n >= 65536]
+    got = pm.load_allreduce(tmp_path / "a.json")
+    assert got["reduce"] is None
+    assert [g[0] for g in got["ring"]] == [n for n in SIZES if n >= 65536]
+    assert [g[2] for g in got["ring"]] == [t for n, _, t in ring if n >= 65536]   # medians
+    assert [g[2] for g in got["mpi"]] == [2 * t for _, _, t in ring]              # all sizes
+    low = pm.load_allreduce([tmp_path / "a.json"], stat="min")
+    assert [g[2] for g in low["ring"]] == [t / 2 for n, _, t in ring if n >= 65536]
+    (tmp_path / "r.json").write_text(json.dumps(dict(doc, algo="ring")))
+    both = pm.load_allreduce([tmp_path / "a.json", tmp_path / "r.json"])
+    assert len(both["ring"]) == len(got["ring"]) + len(SIZES)
     (tmp_path / "m.json").write_text(json.dumps(dict(doc, algo="mpi")))
     with pytest.raises(pm.ModelError, match="no ring timings"):
         pm.load_allreduce(tmp_path / "m.json")
