@@ -10,13 +10,14 @@ Allreduce path:
   allgather and every rank reduces the N rows locally in rank order: one MPI call in all, and the
   same bits on every rank;
 - float16 always takes the ring (MPI has no portable float16 reduction);
-- messages of at least ``RING_THRESHOLD_BYTES`` (8 MiB, ``MPITRAIN_RING_THRESHOLD``) take the
-  ring, smaller ones MPI_Allreduce. Measured at N=2 (docs/benchmarks.md): below ~8 MB MPICH's
-  allreduce is as fast or a little faster (each ring step is a synchronising shared-memory
-  rendezvous plus Python; MPICH halves the number of such exchanges and runs in C); from 16-32 MB
-  on the ring wins up to 3x, as MPICH allocates and faults in a fresh temporary buffer every call
-  while the ring reuses its scratch. Integers follow the same rule: MPI's integer sums wrap
-  exactly like our Numba kernels, so both paths give identical integers;
+- messages of at least ``RING_THRESHOLD_BYTES`` (32 MiB, ``MPITRAIN_RING_THRESHOLD``) take the
+  ring, smaller ones MPI_Allreduce. Measured at N=2 on one host (docs/benchmarks.md): up to
+  16 MB MPICH's allreduce is as fast or faster (0.65-0.95x for the ring at 1-16 MB: each ring
+  step is a synchronising shared-memory rendezvous plus Python, MPICH runs in C), while from
+  32 MB on the ring is 2-3.5x faster: MPICH allocates its temporary buffer per call, and above
+  glibc's mmap threshold (at most 32 MiB) that memory is faulted in afresh every time, where the
+  ring reuses its scratch. Integers follow the same rule: MPI's integer sums wrap exactly like
+  our Numba kernels, so both paths give identical integers;
 - ``MPITRAIN_ALLREDUCE=ring|mpi`` forces one path (comparisons, debugging).
 Average is Sum followed by a scale of postscale_factor/N; prescale_factor multiplies the input
 first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
@@ -36,7 +37,7 @@ from mpitrain.comm.fusion import FusionBuffer, threshold_from_env
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels.cpu import reduce_into
 
-RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 8 << 20))
+RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 32 << 20))
 SUBCHUNK_BYTES = int(os.environ.get("MPITRAIN_RING_SUBCHUNK", 1 << 20))
 DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
                                      "float16", "float32", "float64"))

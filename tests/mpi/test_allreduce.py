@@ -140,9 +140,10 @@ def test_shapes_and_scalars():
     np.testing.assert_array_equal(z, [N, 2 * N])
 
 
-def test_auto_path_around_the_threshold():
-    from mpitrain.comm.collectives import RING_THRESHOLD_BYTES
-    for n in (RING_THRESHOLD_BYTES // 4 - 1, RING_THRESHOLD_BYTES // 4 + 1):
+def test_auto_path_around_the_threshold(monkeypatch):
+    from mpitrain.comm import collectives
+    monkeypatch.setattr(collectives, "RING_THRESHOLD_BYTES", 64 * 1024)   # keep the test small
+    for n in (1023, 1025, 16383, 16385):                                 # inline, MPI, ring
         inputs = [rank_input(r, n, "float32", mt.Max) for r in range(N)]
         assert_matches(mt.allreduce(inputs[R], op=mt.Max), numpy_oracle(inputs, mt.Max))
 
