@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,33 @@ def test_env_sets_flags_and_flags_win(tmp_path):
     assert summary["global_batch"] == 2 * 8      # TINY's --batch-size 8 beats MPITRAIN_BATCH_SIZE
     p = mpitrain(2, "--no-progress", cwd=tmp_path, env={"MPITRAIN_BATCH_SIZE": "0"})
     assert p.returncode == 2 and p.stderr.strip() == "mpitrain: error: --batch-size 0: must be >= 1"
+
+
+def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
+    """Not bad input but a bug on rank 1 mid-training: the abort hook ends every rank, no hang."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import sys\n"
+        "from mpitrain.comm import world\n"
+        "import mpitrain as mt\n"
+        "from mpitrain import train\n"
+        "from mpitrain.cli import run_cli\n"
+        "world.install_abort_hook()\n"
+        "mt.init()\n"
+        "if mt.rank() == 1:\n"
+        "    def boom(self, idx):\n"
+        "        raise ZeroDivisionError('injected on rank 1')\n"
+        "    train._Trainer.train_step = boom\n"
+        f"sys.exit(run_cli({TINY + ['--steps', '50']!r}))\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
+    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    start = time.time()
+    p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                        str(script)], cwd=tmp_path, env=clean, capture_output=True, text=True,
+                       timeout=150)
+    assert p.returncode not in (0, 2, 124, 137), (p.returncode, p.stderr[-2000:])
+    assert "injected on rank 1" in p.stderr and "ZeroDivisionError" in p.stderr
+    assert time.time() - start < 100
 
 
 def test_help_prints_once(tmp_path):
