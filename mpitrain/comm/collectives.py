@@ -28,6 +28,7 @@ mpitrain/comm/device.py at one place, ``_device``; the host code never branches 
 import enum
 import math
 import os
+import pickle
 
 import numpy as np
 from mpi4py import MPI
@@ -433,15 +434,34 @@ def barrier():
 
 
 def broadcast_object(obj, root_rank=0):
-    """Pickle ``obj`` on root_rank and return it on every rank."""
+    """Pickle ``obj`` on root_rank and return it on every rank.
+
+    Pickling happens before any message, and a failure travels to every rank as the same
+    ValueError (mpi4py's bcast would raise on the root alone and leave the others waiting).
+    """
     comm = world.comm()
     root, err = _as_root(root_rank, "broadcast_object", comm.Get_size())
     check.agree(comm, "broadcast_object", {"root_rank": root}, err)
-    return comm.bcast(obj, root=root)
+    msg = _pickled(obj, "broadcast_object") if comm.Get_rank() == root else None
+    payload, error = comm.bcast(msg, root=root)
+    if error is not None:
+        raise ValueError(f"{error} (on root rank {root})")
+    return pickle.loads(payload)
 
 
 def allgather_object(obj):
-    """List of every rank's (picklable) ``obj``, in rank order."""
+    """List of every rank's (picklable) ``obj``, in rank order; a pickling error raises on all."""
     comm = world.comm()
     check.agree(comm, "allgather_object", {})
-    return comm.allgather(obj)
+    gathered = comm.allgather(_pickled(obj, "allgather_object"))
+    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return [pickle.loads(payload) for payload, _ in gathered]
+
+
+def _pickled(obj, kind):
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is reported on every rank
+        return None, f"{kind}: cannot pickle {type(obj).__name__}: {exc}"

@@ -51,7 +51,7 @@ def test_broadcast_in_place_non_contiguous_and_empty():
 
 
 @pytest.mark.parametrize("rows", sorted({0, 1, max(N - 1, 1), N, N + 1, 7}))
-@pytest.mark.parametrize("dtype", ["int32", "float16", "float32"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_reducescatter_uneven(rows, dtype):
     inputs = [np.arange(rows * 2).reshape(rows, 2).astype(dtype) * (r + 1) for r in range(N)]
     total = sum(x.astype(np.float64) for x in inputs)

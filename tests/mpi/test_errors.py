@@ -125,6 +125,14 @@ def test_same_invalid_argument_everywhere_is_valueerror():
     still_works()
 
 
+def test_unpicklable_object_raises_on_every_rank():
+    with pytest.raises(ValueError, match="cannot pickle function"):
+        mt.broadcast_object(lambda: 0 if R == 0 else 1, root_rank=0)
+    with pytest.raises(ValueError, match=f"rank {N - 1}: allgather_object: cannot pickle"):
+        mt.allgather_object((lambda: 0) if R == N - 1 else R)
+    assert mt.allgather_object(R) == list(range(N))
+
+
 def test_collective_error_is_runtime_error():
     assert issubclass(mt.CollectiveError, RuntimeError)
 
