@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(ROOT / ".venv" / "bin" / "mpiexec"))
+_MPIEXEC = os.environ.get("MPIEXEC", ".venv/bin/mpiexec")
+# A relative path (the Makefile passes .venv/bin/mpiexec) is relative to the repository root,
+# since the pytest harness test runs with its temporary folder as working directory.
+MPIEXEC = _MPIEXEC if os.path.isabs(_MPIEXEC) or os.sep not in _MPIEXEC else str(ROOT / _MPIEXEC)
 HANG_LIMIT_S = 60
 
 
