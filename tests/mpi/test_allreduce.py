@@ -180,3 +180,18 @@ def test_ring_steady_state_allocates_no_buffer(monkeypatch):
         tracemalloc.stop()
     assert peak < 64 * 1024, f"ring allocated {peak} bytes in steady state"
     assert x[0] == N - 1
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float16", "float64"])
+def test_ring_with_many_small_subchunks(dtype, monkeypatch):
+    """Tiny sub-chunks: many pipelined messages per step, double-buffered scratch reuse."""
+    from mpitrain.comm import collectives
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "ring")
+    monkeypatch.setattr(collectives, "SUBCHUNK_BYTES", 24)
+    monkeypatch.setattr(collectives, "_scratch", {})
+    for n in (5, 97, 1000):
+        for op in (mt.Sum, mt.Max):
+            inputs = [rank_input(r, n, dtype, op) for r in range(N)]
+            got = mt.allreduce(inputs[R], op=op)
+            assert_matches(got, numpy_oracle(inputs, op))
+            assert_same_on_all_ranks(got)
