@@ -34,6 +34,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (JIT, workspaces)")
     ap.add_argument("--torch", action="store_true",
                     help="also time the same model in PyTorch, if it is importable (comparison)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the time per kernel call site (synchronizing after each)")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
     ap.add_argument("--out", default=None, help="directory: writes OUT/step.json")
     args = ap.parse_args(argv)
@@ -92,6 +94,43 @@ def gemm_flops(plan):
         inner = a[0] if ta else a[1]
         total += 2 * out[0] * out[1] * inner
     return total
+
+
+PROFILED = ("gemm", "bias_act", "relu", "relu_backward", "bias_grad", "softmax_xent",
+            "count_correct", "im2col", "col2im", "nhwc_to_nchw", "nchw_to_nhwc",
+            "maxpool_forward", "maxpool_backward", "dropout_forward", "dropout_backward",
+            "sgd_update", "copy", "fill")
+
+
+def profile_kernels(k, step, steps):
+    """ms per step spent in each kernel, keyed by kernel name and first-argument shape."""
+    from collections import defaultdict
+    spent, saved = defaultdict(float), {}
+
+    def wrap(name, fn):
+        def timed_call(*args, **kw):
+            t = time.perf_counter()
+            out = fn(*args, **kw)
+            k.synchronize()
+            key = f"{name} {tuple(args[0].shape)}" if hasattr(args[0], "shape") else name
+            if name == "gemm":
+                key += (" x " + str(tuple(args[1].shape)) + (" tA" if kw.get("trans_a") else "")
+                        + (" tB" if kw.get("trans_b") else ""))
+            spent[key] += time.perf_counter() - t
+            return out
+        return timed_call
+
+    for name in PROFILED:
+        if hasattr(k, name):
+            saved[name] = getattr(k, name)
+            setattr(k, name, wrap(name, saved[name]))
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        for name, fn in saved.items():
+            setattr(k, name, fn)
+    return {key: v / steps * 1e3 for key, v in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
 def torch_step_ms(name, batch, threads, steps, rounds, warmup):
@@ -241,6 +280,17 @@ def main(argv=None):
                   f"{r['ratio_step_gemm']:9.2f} {r['gflops']:8.1f} {r['ratio_step_peak']:9.2f}")
         print(f"{'':10s} GEMM work {flops / 1e9:.3f} GFLOP/step; best within-round step/GEMM "
               f"{res['best_ratio_step_gemm']:.2f}")
+        if args.profile:
+            def full_step():
+                forward()
+                backward()
+                update()
+            prof = profile_kernels(k, full_step, args.steps)
+            res["profile_ms"] = prof
+            print(f"{'':10s} per-kernel ms/step ({sum(prof.values()):.1f} ms in kernels):")
+            for key, ms in prof.items():
+                if ms >= 0.05:
+                    print(f"{'':12s}{ms:8.2f}  {key}")
         if args.torch:
             got = torch_step_ms(name, args.batch, args.threads, args.steps, args.rounds,
                                 args.warmup)
