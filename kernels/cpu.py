@@ -80,22 +80,35 @@ def _same_size(dst, src):
         raise ValueError(f"size mismatch: dst has {dst.size} elements, src has {src.size}")
 
 
+# Numba has no float16 arithmetic on the CPU; fp16 buffers (gradient compression) use NumPy.
 def fill(a, value):
-    _fill(_flat(a), value)
+    if a.dtype == np.float16:
+        _flat(a).fill(value)
+    else:
+        _fill(_flat(a), value)
 
 
 def copy(dst, src):
     _same_size(dst, src)
-    _copy(_flat(dst, "dst"), _flat(src, "src"))
+    if dst.dtype == np.float16 or src.dtype == np.float16:
+        np.copyto(_flat(dst, "dst"), _flat(src, "src"), casting="unsafe")
+    else:
+        _copy(_flat(dst, "dst"), _flat(src, "src"))
 
 
 def scale(a, factor):
-    _scale(_flat(a), factor)
+    if a.dtype == np.float16:
+        np.multiply(_flat(a), factor, out=_flat(a), casting="unsafe")
+    else:
+        _scale(_flat(a), factor)
 
 
 def add(dst, src):
     _same_size(dst, src)
-    _add(_flat(dst, "dst"), _flat(src, "src"))
+    if dst.dtype == np.float16 or src.dtype == np.float16:
+        np.add(_flat(dst, "dst"), _flat(src, "src"), out=_flat(dst, "dst"), casting="unsafe")
+    else:
+        _add(_flat(dst, "dst"), _flat(src, "src"))
 
 
 def cast(dst, src):
@@ -105,6 +118,8 @@ def cast(dst, src):
 
 
 def total(a):
+    if a.dtype == np.float16:
+        return float(_flat(a).sum(dtype=np.float64))
     return float(_total(_flat(a)))
 
 

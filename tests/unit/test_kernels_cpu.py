@@ -42,6 +42,11 @@ def test_memory_kernels(rng):
     h = k.empty((3, 4), np.float16)
     k.cast(h, a)
     np.testing.assert_array_equal(h, a.astype(np.float16))
+    k.scale(h, 2.0)                                     # float16: the NumPy path
+    k.add(h, h)
+    np.testing.assert_array_equal(h, a.astype(np.float16) * 4)
+    k.fill(h, 1.0)
+    assert k.total(h) == 12.0
     assert k.zeros((2,), np.float64).dtype == np.float64 and not k.zeros((2,)).any()
     with pytest.raises(ValueError, match="size mismatch"):
         k.copy(d, a[:2])
