@@ -16,6 +16,7 @@ import sys, time
 from mpi4py import MPI
 from mpitrain import timeline
 comm = MPI.COMM_WORLD
+time.sleep(0.3 * comm.Get_rank())       # rank 1's clock origin starts 300 ms after rank 0's
 tl = timeline.activate(timeline.Timeline(sys.argv[1], comm.Get_rank()))
 for step in range(3):
     with timeline.current().span("forward", step=step):
@@ -46,8 +47,8 @@ def test_two_ranks_merge_into_one_trace(tmp_path):
         assert [e["name"] for e in spans] == ["forward", "allreduce"] * 3
         assert [e["args"].get("bytes") for e in spans[1::2]] == [4, 8, 12]
         assert all(e["dur"] >= 1000 for e in spans[0::2])
-    # The barrier ends at the same moment on both ranks: on one machine the merged axis agrees
-    # to well within a millisecond.
+    # The barrier ends at the same moment on both ranks, although rank 1's clock origin is
+    # 300 ms later: the merge puts both on one axis (tolerance: a loaded machine's scheduling).
     ends = [[e["ts"] + e["dur"] for e in evs if e["pid"] == r and e["name"] == "allreduce"]
             for r in (0, 1)]
-    assert max(abs(a - b) for a, b in zip(*ends)) < 5000
+    assert max(abs(a - b) for a, b in zip(*ends)) < 100_000
