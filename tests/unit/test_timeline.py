@@ -32,11 +32,12 @@ class FakeComm:
         return [self.mailbox[r] for r in range(self.size)]
 
 
-def span_overhead_ns(enabled, n=20000):
-    """Mean cost in ns of one ``with tl.span(...)`` (with one arg) over ``n`` spans, best of 3."""
+def span_overhead_ns(enabled, n=2000, rounds=15):
+    """Mean cost in ns of one ``with tl.span(...)`` (with one arg) over ``n`` spans, best of
+    ``rounds`` (short rounds: on a loaded machine most of them run without being preempted)."""
     tl = Timeline("unused.json" if enabled else None, 0, max_events=n)
     best = float("inf")
-    for _ in range(3):
+    for _ in range(rounds):
         tl._events.clear()
         t0 = time.perf_counter_ns()
         for i in range(n):
