@@ -16,8 +16,9 @@ one process track per rank ("rank 0", "rank 1", ...), one thread track per ``tid
     tl.close(comm)                              # collective: rank 0 gathers and writes the file
 
 Cost. Off: ``span`` returns one shared no-op context manager, so a disabled span costs a method
-call and a ``with`` (~0.1-0.2 us, measured by tests/unit/test_timeline.py). On: two clock reads
-and one tuple appended to a list (~1 us); events become JSON dicts only in ``close``.
+call and a ``with`` (~0.25 us with one keyword arg, measured by tests/unit/test_timeline.py). On:
+two clock reads and one tuple appended to a list (~0.7 us); events become JSON dicts only in
+``close``. A training step records ~10 spans: ~7 us, < 0.1 % of a 10 ms step.
 
 Clocks. Each rank measures spans with ``time.perf_counter_ns`` (monotonic, fine-grained) relative to
 an origin taken at construction together with the wall clock. At merge, each rank's events are
