@@ -272,20 +272,23 @@ class _Trainer:
         if self.rank == 0:
             meta = {"model": c.model, "dataset": c.dataset, "optimizer": c.optimizer,
                     "seed": c.seed, "epoch": self.epoch, "epoch_position_samples": self.pos,
-                    "global_batch": self.global_batch, "ranks": self.size,
+                    "global_batch": self.global_batch, "ranks_at_save": self.size,
                     "hidden": list(c.hidden) if c.hidden else None}
             ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(),
                       self.optimizer.state_dict(), meta)
         self.last_checkpoint_step = self.step
 
     # -- timing --------------------------------------------------------------------------------
-    def timing(self, times=None, comms=None):
-        """(samples/s global, step ms, comm ms) over the timed steps, averaged over ranks."""
-        times = self.step_times if times is None else times
-        comms = self.comm_times if comms is None else comms
-        warm = min(TIMING_WARMUP_STEPS, len(times) // 2)
-        n = len(times) - warm
-        local = np.array([sum(times[warm:]), sum(comms[warm:])], np.float64)
+    def timing(self, first=None):
+        """(samples/s global, step ms, comm ms), averaged over ranks, over this job's steps from
+        index ``first`` (a log interval) or, by default, all but the warm-up steps."""
+        if first is None:
+            first = min(TIMING_WARMUP_STEPS, len(self.step_times) // 2)
+        elif len(self.step_times) > TIMING_WARMUP_STEPS:
+            first = max(first, TIMING_WARMUP_STEPS)  # an interval never counts warm-up steps
+        times, comms = self.step_times[first:], self.comm_times[first:]
+        n = len(times)
+        local = np.array([sum(times), sum(comms)], np.float64)
         total_s, comm_s = mt.allreduce(local, op=mt.Average)
         if n <= 0 or total_s <= 0:
             return 0.0, 0.0, 0.0
@@ -392,7 +395,7 @@ def _loop(t, metrics):
 
         if t.step % log_every == 0 or epoch_end or t.done():
             sums = mt.allreduce(t.interval, op=mt.Sum)
-            sps, step_ms, comm_ms = t.timing(t.step_times[mark:], t.comm_times[mark:])
+            sps, step_ms, comm_ms = t.timing(first=mark)
             metrics.write({"event": "step", "step": t.step,
                            "epoch": t.epoch + t.pos / len(t.train_set),
                            "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
