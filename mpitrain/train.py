@@ -405,6 +405,9 @@ def _loop(t, metrics):
             mark = len(t.step_times)
         if (c.eval_every and t.step % c.eval_every == 0) or (epoch_end and not c.eval_every):
             acc, test_loss, _, _ = t.evaluate()
+            metrics.write({"event": "eval", "step": t.step,
+                           "epoch": t.epoch + t.pos / len(t.train_set),
+                           "test_accuracy": acc, "test_loss": test_loss})
             if bar is not None:
                 bar.write(f"step {t.step}: test accuracy {acc:.4f}, test loss {test_loss:.4f}")
         if epoch_end:

@@ -92,6 +92,16 @@ def test_variants_run(tmp_path, flags):
     assert records(metrics)[-1]["steps"] == 10
 
 
+def test_eval_every_and_checkpoint_every_count_steps(tmp_path):
+    metrics, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    p = mpitrain(2, *TINY, "--steps", "12", "--eval-every", "5", "--checkpoint-every", "4",
+                 "--checkpoint-dir", str(ck), "--metrics-json", str(metrics), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    evals = [r["step"] for r in records(metrics) if r["event"] == "eval"]
+    assert evals == [5, 10]
+    assert sorted(os.listdir(ck)) == [f"ckpt-000000{s:02d}.npz" for s in (4, 8, 12)]
+
+
 def test_env_sets_flags_and_flags_win(tmp_path):
     metrics = tmp_path / "m.jsonl"
     p = mpitrain(2, *TINY, "--metrics-json", str(metrics), cwd=tmp_path,
