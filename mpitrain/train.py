@@ -379,6 +379,9 @@ def _loop(t, metrics):
             t.sampler.set_epoch(t.epoch, t.pos)
             batches, i = t.sampler.indices(), 0  # (steps, b)
             t.epoch_stats[:] = 0
+            if len(batches) == 0:  # resumed with a larger global batch than the epoch has left
+                t.epoch, t.pos, batches = t.epoch + 1, 0, None
+                continue
         loss = t.train_step(batches[i])
         i += 1
         t.step += 1

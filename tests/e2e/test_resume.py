@@ -8,6 +8,7 @@ Synthetic data of 128 samples and a global batch of 16 make 8 steps an epoch; th
 steps and stop the first half at step 5, so a resume starts mid-epoch and crosses an epoch
 boundary, with momentum and an lr warm-up whose state must survive the restart.
 """
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,15 @@ def test_c_reruns_are_bitwise_identical(tmp_path):
     other = params(tmp_path / "other.npz")
     one = params(tmp_path / "one.npz")
     assert any(not np.array_equal(one[k], other[k]) for k in one)
+
+
+def test_resume_on_more_ranks_when_the_epoch_rest_is_shorter_than_the_new_global_batch(tmp_path):
+    # 128 samples, global batch 16: 7 steps leave 16 samples in epoch 0. Three ranks x 8 = 24
+    # cannot take a batch there, so they start epoch 1 (its first 5 batches: 120 samples).
+    ck = tmp_path / "ck"
+    mpitrain(2, "--batch-size", "8", "--steps", "7", "--checkpoint-dir", str(ck), cwd=tmp_path)
+    mpitrain(3, "--batch-size", "8", "--steps", "12", "--checkpoint-dir", str(ck), "--resume",
+             "--metrics-json", "m.jsonl", cwd=tmp_path)
+    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert (summary["steps"], summary["steps_run"], summary["ranks"]) == (12, 5, 3)
+    assert summary["epoch"] == 1 + 5 * 24 / 128
