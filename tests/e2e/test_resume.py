@@ -129,11 +129,11 @@ def test_c_reruns_are_bitwise_identical(tmp_path):
 
 def test_resume_on_more_ranks_when_the_epoch_rest_is_shorter_than_the_new_global_batch(tmp_path):
     # 128 samples, global batch 16: 7 steps leave 16 samples in epoch 0. Three ranks x 8 = 24
-    # cannot take a batch there, so they start epoch 1 (its first 5 batches: 120 samples).
+    # cannot take a batch there, so they start epoch 1, which holds exactly 5 batches of 24.
     ck = tmp_path / "ck"
     mpitrain(2, "--batch-size", "8", "--steps", "7", "--checkpoint-dir", str(ck), cwd=tmp_path)
     mpitrain(3, "--batch-size", "8", "--steps", "12", "--checkpoint-dir", str(ck), "--resume",
              "--metrics-json", "m.jsonl", cwd=tmp_path)
     summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert (summary["steps"], summary["steps_run"], summary["ranks"]) == (12, 5, 3)
-    assert summary["epoch"] == 1 + 5 * 24 / 128
+    assert summary["epoch"] == 2.0
