@@ -141,6 +141,29 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
     assert time.time() - start < 100
 
 
+def test_bad_input_seen_by_one_rank_only_still_exits_2_everywhere(tmp_path):
+    """Data missing on one node only: every rank must stop with exit 2, not hang or abort."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(
+        "import sys\n"
+        "import mpitrain as mt\n"
+        "from mpitrain import train\n"
+        "from mpitrain.cli import run_cli\n"
+        "mt.init()\n"
+        "if mt.rank() == 1:\n"
+        "    def missing(config):\n"
+        "        raise mt.data.DataError('/node2/data: no such directory (rank 1 only)')\n"
+        "    train._datasets = missing\n"
+        f"sys.exit(run_cli({TINY + ['--steps', '3']!r}))\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
+    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                        str(script)], cwd=tmp_path, env=clean, capture_output=True, text=True,
+                       timeout=150)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert p.stderr.strip() == "mpitrain: error: /node2/data: no such directory (rank 1 only)"
+
+
 def test_help_prints_once(tmp_path):
     p = mpitrain(2, "--help", cwd=tmp_path)
     assert p.returncode == 0
