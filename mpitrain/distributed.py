@@ -75,8 +75,8 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
-                 op=None, gradient_predivide_factor=1.0, average="gradients", average_every=1):
-        op = collectives.Average if op is None else op
+                 op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
+                 average_every=1):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
