@@ -269,13 +269,19 @@ class _Trainer:
 
     def save_checkpoint(self):
         c = self.config
+        opt_state = self.optimizer.state_dict()
+        if c.average == "weights" and self.size > 1:
+            # PNNL keeps momentum / Adam moments per rank; a checkpoint holds one state: their
+            # mean (a collective, so every rank calls save_checkpoint).
+            for key, value in opt_state.items():
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                    opt_state[key] = mt.allreduce(value, op=mt.Average)
         if self.rank == 0:
             meta = {"model": c.model, "dataset": c.dataset, "optimizer": c.optimizer,
                     "seed": c.seed, "epoch": self.epoch, "epoch_position_samples": self.pos,
                     "global_batch": self.global_batch, "ranks_at_save": self.size,
                     "hidden": list(c.hidden) if c.hidden else None}
-            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(),
-                      self.optimizer.state_dict(), meta)
+            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(), opt_state, meta)
         self.last_checkpoint_step = self.step
 
     # -- timing --------------------------------------------------------------------------------

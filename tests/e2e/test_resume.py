@@ -137,3 +137,19 @@ def test_resume_on_more_ranks_when_the_epoch_rest_is_shorter_than_the_new_global
     summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert (summary["steps"], summary["steps_run"], summary["ranks"]) == (12, 5, 3)
     assert summary["epoch"] == 2.0
+
+
+def test_weights_mode_checkpoint_holds_one_model_and_resumes(tmp_path):
+    ck = tmp_path / "ck"
+    mpitrain(2, "--batch-size", "8", "--steps", "6", "--average", "weights", "--average-every",
+             "3", "--checkpoint-every", "3", "--checkpoint-dir", str(ck), "--save", "w.npz",
+             cwd=tmp_path)
+    from mpitrain import checkpoint
+    last = checkpoint.load(checkpoint.checkpoint_path(ck, 6))
+    assert_bitwise(last.params, params(tmp_path / "w.npz"))   # averaged at step 6: one model
+    bufs = [k for k in last.optimizer_state if k.startswith("momentum_buffer")]
+    assert bufs and all(np.isfinite(last.optimizer_state[k]).all() for k in bufs)
+    # Resuming (same N) continues from there to step 9 without error.
+    mpitrain(2, "--batch-size", "8", "--steps", "9", "--average", "weights", "--average-every",
+             "3", "--checkpoint-dir", str(ck), "--resume", cwd=tmp_path)
+    assert checkpoint.load(checkpoint.checkpoint_path(ck, 9)).step == 9
