@@ -179,7 +179,16 @@ def format_table(points):
                        enumerate(zip(r, widths))) for r in rows]
     if any(p["oversubscribed"] for p in points):
         lines.append("* oversubscribed: more ranks than cores, not a scaling measurement")
+    lines.append(_load_note(points))
     return "\n".join(lines)
+
+
+def _load_note(points):
+    loads = [p["load_before"] for p in points if p.get("load_before") is not None]
+    if not loads:
+        return ""
+    return (f"load average before the kept runs: {min(loads):.1f} .. {max(loads):.1f} "
+            f"(other work on the {usable_cores()} cores)")
 
 
 def format_markdown(points):
@@ -187,6 +196,9 @@ def format_markdown(points):
     rows += ["| " + " | ".join(_cells(p)) + " |" for p in points]
     if any(p["oversubscribed"] for p in points):
         rows.append("\n`*` oversubscribed: more ranks than cores.")
+    note = _load_note(points)
+    if note:
+        rows.append("\n" + note[0].upper() + note[1:] + ".")
     return "\n".join(rows)
 
 
@@ -244,6 +256,7 @@ def run_point(n, model, args, runs_dir, cores, repeat):
     metrics.unlink(missing_ok=True)
     cmd = build_command(n, model, args.dataset, batch, args.steps, metrics, args.timeout,
                         args.extra)
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
@@ -259,6 +272,9 @@ def run_point(n, model, args, runs_dir, cores, repeat):
     point = make_point(read_summary(metrics), model, args.mode, n, args.batch_size, cores)
     point["wall_s"] = round(time.perf_counter() - t0, 2)
     point["threads"] = threads_flag(args.extra)
+    # The 1-minute load average before the job: on a shared machine, the other work that the
+    # ranks competed with (our own ranks are not in it yet).
+    point["load_before"] = round(load_before, 2)
     return point
 
 

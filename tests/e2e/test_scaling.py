@@ -87,6 +87,7 @@ def test_weak_sweep_with_fake_launcher(tmp_path, fake_env):
     if 4 > cores:
         assert "oversubscribed" in proc.stderr and "oversubscribed" in table
     assert len(list((out / "runs").glob("*.log"))) == 6
+    assert all(p["load_before"] >= 0 for p in doc["points"]) and "load average" in table
 
 
 def test_strong_sweep_divides_global_batch(tmp_path, fake_env):
