@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
-MPIEXEC ?= $(BIN)/mpiexec
+MPIEXEC ?= $(CURDIR)/$(BIN)/mpiexec
 NP ?= 2
 # Hard wall-clock limit (seconds) for every mpiexec job, so a broken collective can never hang CI.
 MPI_TIMEOUT ?= 600
