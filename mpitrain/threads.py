@@ -1,9 +1,16 @@
-"""Thread budget per rank: cores / ranks-on-this-node BLAS and Numba threads, at least 1.
+"""Thread budget per rank: cores / ranks-on-this-node threads, at least 1, given to BLAS.
 
 N ranks on one machine each starting a BLAS pool and a Numba pool as wide as the machine gives N x
 cores threads fighting for cores -- the CPU scaling trap most reported by Horovod users. Each rank
 therefore defaults to ``max(1, cores // local_size)`` threads; ``--threads`` / MPITRAIN_THREADS
 overrides it.
+
+The budget goes to BLAS, and the Numba kernels run on one thread. Two pools on the same cores
+fight: OpenBLAS workers spin for a while after each GEMM, exactly when the Numba workers want the
+cores for the next elementwise kernel. Measured on the 2-core box, one rank, batch 64, ms/step
+(BLAS + Numba threads): MLP 1+1 10.3, 2+1 5.6, 1+2 9.7, 2+2 26.4; LeNet 1+1 102.7, 2+1 84.2,
+1+2 84.1, 2+2 135.7 (docs/benchmarks.md). The GEMMs are most of every step, so BLAS gets the
+cores; the Numba kernels are memory-bound and gain little from a second thread.
 
 When it is set matters: OpenBLAS and MKL read OMP_NUM_THREADS & co. once, when they are loaded,
 and NumPy (hence BLAS) is already loaded by the time ``python -m mpitrain`` runs our code (the
@@ -50,11 +57,11 @@ def default_threads(local_size=None, n_cores=None):
 
 
 def configure(threads=0, local_size=None):
-    """Set this rank's BLAS + Numba threads to ``threads`` (0: the default); returns the number."""
+    """Give this rank's BLAS ``threads`` threads (0: the default), Numba one; returns the number."""
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:
-        os.environ[key] = str(n)
-    _set_numba_threads(n)
+        os.environ[key] = "1" if key == "NUMBA_NUM_THREADS" else str(n)
+    _set_numba_threads(1)
     _set_blas_threads(n)
     return n
 
