@@ -56,6 +56,7 @@ Pooling and dropout
                                           x ^= x>>16, all mod 2**32); h = mix(mix(i) ^
                                           mix(seed mod 2**32)), i the flat index; keep iff
                                           (h >> 8) >= int(p * 2**24); 0 <= p < 1
+                                          (host half: kernels/dropout_hash.py)
     dropout_backward(grad_y, mask, grad_x)
                                           grad_x = grad_y * mask
 Optimizer updates (in place on param and state)
@@ -84,7 +85,7 @@ _DEFAULT_FLAVOUR = {"cpu": "numba", "cuda": "cupy"}
 
 
 def get(device="cpu", flavour=None):
-    """Return the kernel module for ``device`` ("cpu" | "cuda") and ``flavour`` ("numba" | "cupy")."""
+    """The kernel module for ``device`` ("cpu" | "cuda") and ``flavour`` ("numba" | "cupy")."""
     if device not in _DEFAULT_FLAVOUR:
         raise ValueError(f"unknown device {device!r}; expected one of {sorted(_DEFAULT_FLAVOUR)}")
     flavour = flavour or _DEFAULT_FLAVOUR[device]

@@ -5,6 +5,8 @@ The contract (names, shapes, semantics) is the docstring of kernels/__init__.py.
 import numpy as np
 from numba import njit, prange  # noqa: F401
 
+from mpitrain.kernels import dropout_hash
+
 name = "cpu"
 
 # --- Memory, GEMM, layer, loss, conv, pooling, dropout and optimizer kernels (engine) ---
@@ -399,19 +401,12 @@ def _mul(a, b, out):
         out[i] = a[i] * b[i]
 
 
-def dropout_threshold(p):
-    """Integer keep threshold on the top 24 bits of the hash (the same on every backend)."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
-    return int(p * 16777216.0)
-
-
 def dropout_forward(x, y, mask, p, seed):
     _same_size(y, x)
     _same_size(mask, x)
-    seed_hash = np.uint64(_mix32(np.uint64(int(seed) & 0xFFFFFFFF)))
+    seed_hash = np.uint64(dropout_hash.mix32(int(seed)))
     _dropout_forward(_flat(x, "x"), _flat(y, "y"), _flat(mask, "mask"),
-                     np.uint64(dropout_threshold(p)), 1.0 / (1.0 - p), seed_hash)
+                     np.uint64(dropout_hash.keep_threshold(p)), 1.0 / (1.0 - p), seed_hash)
 
 
 def dropout_backward(grad_y, mask, grad_x):

@@ -14,6 +14,8 @@ line saying what to install or which flag to use; the CLI turns it into exit cod
 """
 import numpy as np
 
+from mpitrain.kernels import dropout_hash
+
 try:
     import cupy as cp
 except ImportError as _exc:
@@ -395,29 +397,13 @@ _dropout_forward = cp.ElementwiseKernel(
     """)
 
 
-def _mix32_host(x):
-    x &= 0xFFFFFFFF
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
-def dropout_threshold(p):
-    """Keep iff the hash's top 24 bits reach int(p * 2**24): the same test on every backend."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
-    return int(p * 16777216.0)
-
-
 def dropout_forward(x, y, mask, p, seed):
     x, y, mask = _flat(x), _flat(y), _flat(mask)
     _same_size(y, x, "dropout_forward")
     _same_size(mask, x, "dropout_forward")
-    threshold = np.uint32(dropout_threshold(p))
+    threshold = np.uint32(dropout_hash.keep_threshold(p))
     _dropout_forward(x, threshold, _s(mask, 1.0 / (1.0 - p)),
-                     np.uint32(_mix32_host(int(seed))), y, mask)
+                     np.uint32(dropout_hash.mix32(int(seed))), y, mask)
 
 
 def dropout_backward(grad_y, mask, grad_x):

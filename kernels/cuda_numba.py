@@ -26,6 +26,8 @@ import sys
 import numpy as np
 from numba import config, cuda, float64, from_dtype
 
+from mpitrain.kernels import dropout_hash
+
 name = "cuda-numba"
 
 _SIM = bool(config.ENABLE_CUDASIM)
@@ -647,16 +649,6 @@ def maxpool_backward(grad_y, argmax, grad_x):
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def _mix32_host(x):
-    """lowbias32 on a Python int (the seed's hash is taken once on the host)."""
-    x &= 0xFFFFFFFF
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
 @cuda.jit(device=True)
 def _mix32(x):
     """lowbias32 (the contract's exact dropout hash), on a uint64 holding a uint32."""
@@ -677,19 +669,12 @@ def _dropout_forward_k(x, y, mask, threshold, keep_scale, seed_hash):
         y[i] = x[i] * m
 
 
-def dropout_threshold(p):
-    """Keep iff the hash's top 24 bits reach int(p * 2**24): the same test on every backend."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
-    return int(p * 16777216.0)
-
-
 def dropout_forward(x, y, mask, p, seed):
     x, y, mask = _flat(x), _flat(y), _flat(mask)
     _same_size(y, x, "dropout_forward")
     _same_size(mask, x, "dropout_forward")
-    threshold = np.uint64(dropout_threshold(p))
-    seed_hash = np.uint64(_mix32_host(int(seed)))
+    threshold = np.uint64(dropout_hash.keep_threshold(p))
+    seed_hash = np.uint64(dropout_hash.mix32(int(seed)))
     if x.size:
         _dropout_forward_k[_grid(x.size)](x, y, mask, threshold,
                                           _scalar(mask, 1.0 / (1.0 - p)), seed_hash)
