@@ -86,6 +86,8 @@ class Config:
     hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
                                    flag_type=parse_hidden)
     synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
+    timeline: Optional[str] = _opt(None, "write a Chrome-trace JSON of every rank's spans to this "
+                                         "file (rank 0 merges; opens in Perfetto)")
 
     def validate(self):
         """Raise UsageError naming the first offending value; return self when all is well."""

@@ -9,13 +9,15 @@ import time
 import numpy as np
 
 from mpitrain.comm import collectives
+from mpitrain.comm.fusion import check_threshold
 
 
 def broadcast_parameters(params, root_rank=0):
     """Overwrite every parameter in place with root_rank's values.
 
-    params: a dict name -> array, or an iterable of (name, Parameter) pairs (anything with a
-    ``.data`` array, e.g. ``model.named_parameters()``). Names are broadcast in sorted order for
+    params: a dict name -> array (host or device: anything mpitrain.comm.device.is_device_array
+    accepts), or an iterable of (name, Parameter) pairs (anything with a ``.data`` array, e.g.
+    ``model.named_parameters()``). Names are broadcast in sorted order for
     dicts and in the given order otherwise; the cross-rank check (mt.CollectiveError) catches
     ranks whose parameter lists differ.
     """
@@ -24,12 +26,11 @@ def broadcast_parameters(params, root_rank=0):
     else:
         items = list(params)
     for name, p in items:
-        is_array = isinstance(p, np.ndarray) or hasattr(p, "__cuda_array_interface__")
-        array = p if is_array else p.data
+        array = p if isinstance(p, np.ndarray) or _is_device_array(p) else p.data
         collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}")
 
 
-# --- Horovod-style optimizer wrapper and PNNL weight averaging (training helper) -----------------
+# --- Horovod-style optimizer wrapper and PNNL weight averaging -----------------------------------
 
 class Compressor:
     """How gradients travel: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``."""
@@ -71,12 +72,14 @@ class DistributedOptimizer:
 
     ``op``: ``mt.Average`` or ``mt.Sum``; ``gradient_predivide_factor`` f divides gradients by f
     before the sum and multiplies by f after it (Horovod's guard against fp16 overflow).
+    ``fusion_threshold_bytes``: size limit of a fusion bucket (0 = one allreduce per tensor);
+    None reads ``MPITRAIN_FUSION_THRESHOLD`` once, here (default 64 MiB).
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
-                 average_every=1):
+                 average_every=1, fusion_threshold_bytes=None):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -92,6 +95,7 @@ class DistributedOptimizer:
         if average == "weights" and compression is not Compression.none:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
+        self.fusion_threshold_bytes = check_threshold(fusion_threshold_bytes)
         self.optimizer = optimizer
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
@@ -149,7 +153,8 @@ class DistributedOptimizer:
         f = self.gradient_predivide_factor
         with _timeline().span("synchronize", cat="comm"):
             collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
-                                           prescale_factor=1.0 / f, postscale_factor=f)
+                                           prescale_factor=1.0 / f, postscale_factor=f,
+                                           fusion_threshold_bytes=self.fusion_threshold_bytes)
         for g, w in zip(grads, self._wire):
             if w is not None:
                 kernels.cast(g, w)
@@ -172,7 +177,8 @@ class DistributedOptimizer:
         start = time.perf_counter()
         with _timeline().span("average_weights", cat="comm"):
             collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
-                                           name="DistributedOptimizer.weights")
+                                           name="DistributedOptimizer.weights",
+                                           fusion_threshold_bytes=self.fusion_threshold_bytes)
         self.comm_time_s += time.perf_counter() - start
 
     def step(self):
@@ -190,6 +196,12 @@ class DistributedOptimizer:
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
                 f"average_every={self.average_every}, compression={self.compression!r})")
+
+
+def _is_device_array(x):
+    # device.is_device_array's test, through collectives: importing comm/device.py here would
+    # load it in every process, GPU or not
+    return collectives._on_device(x)
 
 
 def _timeline():

@@ -118,7 +118,8 @@ def _build_optimizer(config, model, lr):
                              weight_decay=config.weight_decay)
     compression = Compression.fp16 if config.fp16_allreduce else Compression.none
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
-                                average=config.average, average_every=config.average_every)
+                                average=config.average, average_every=config.average_every,
+                                fusion_threshold_bytes=config.fusion_threshold_bytes)
 
 
 def _read_checkpoint(config):
@@ -219,7 +220,7 @@ class _Trainer:
         return host if self.k.name == "cpu" else self.k.to_device(host)
 
     def train_step(self, idx):
-        tl = timeline.current()  # disabled unless MPITRAIN_TIMELINE names a file
+        tl = timeline.current()  # disabled unless --timeline names a file
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
         with tl.span("data"):
@@ -245,6 +246,10 @@ class _Trainer:
     # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self):
         """(accuracy, mean loss, correct, total) on the test set, sharded and summed."""
+        with timeline.current().span("evaluate", step=self.step):
+            return self._evaluate()
+
+    def _evaluate(self):
         self.model.eval()
         mine = np.arange(self.rank, len(self.test_set), self.size)
         correct, loss_sum = 0, 0.0
@@ -319,8 +324,6 @@ def run(config):
     mt.init()
     rank, size = mt.rank(), mt.size()
     n_threads = threads.configure(config.threads, mt.local_size())
-    # The comm layer reads its fusion threshold here on every grouped allreduce.
-    os.environ["MPITRAIN_FUSION_THRESHOLD"] = str(config.fusion_threshold_bytes)
 
     backend = _agree(_backend, config)
     train_set, test_set = _agree(_datasets, config)
@@ -352,8 +355,8 @@ def run(config):
             print(f"mpitrain: resumed from {state['path']} at step {trainer.step}"
                   if resumed else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
                                   f"starting at step 0", flush=True)
-    # MPITRAIN_TIMELINE=trace.json records per-rank spans (timeline.py); the same on every rank.
-    tl = timeline.activate(timeline.Timeline.from_env(rank=rank))
+    # --timeline / MPITRAIN_TIMELINE records per-rank spans (timeline.py); the same on every rank.
+    tl = timeline.activate(timeline.Timeline(config.timeline or None, rank))
     try:
         summary = _loop(trainer, metrics)
         tl.close(mt.comm.world.comm())

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check, world
-from mpitrain.comm.fusion import FusionBuffer, threshold_from_env
+from mpitrain.comm.fusion import FusionBuffer, check_threshold
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels.cpu import reduce_into
 
@@ -257,24 +257,32 @@ def _reduce_rows(flat, rows, kind):
         ufunc(flat, rows[r].view(dtype), out=flat)
 
 
-def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays."""
-    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor)
+def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      fusion_threshold_bytes=None):
+    """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays.
+
+    fusion_threshold_bytes: bucket size limit (0 = one allreduce per array); None takes
+    ``MPITRAIN_FUSION_THRESHOLD`` or the 64 MiB default. Must agree across ranks.
+    """
+    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
 
 
-def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                       fusion_threshold_bytes=None):
     """In-place grouped allreduce (e.g. gradients); returns the same list."""
-    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor)
+    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
 
 
-def _grouped(kind, xs, in_place, op, name, prescale, postscale):
+def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
     if any(_on_device(x) for x in xs):
         return _device(kind)(xs, op=op, name=name, prescale_factor=prescale,
-                             postscale_factor=postscale)
+                             postscale_factor=postscale, fusion_threshold_bytes=threshold)
     arrays, errors = zip(*[_as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
     op, pre, post, fields, err = _reduce_args(kind, op, prescale, postscale)
-    fusion = _fusion_buffer()
+    fusion = _fusion_buffer(threshold)
     fields.update(name=name, threshold_bytes=fusion.threshold_bytes,
                   arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
     check.agree(world.comm(), "grouped_allreduce", fields, _first_error(err, *errors))
@@ -283,10 +291,11 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale):
     return outs
 
 
-def _fusion_buffer():
-    """The persistent fusion buffer; rebuilt only if MPITRAIN_FUSION_THRESHOLD changed."""
+def _fusion_buffer(threshold=None):
+    """The persistent fusion buffer; rebuilt only when the threshold (given, else
+    MPITRAIN_FUSION_THRESHOLD, else the default) changes."""
     global _fusion
-    threshold = threshold_from_env()
+    threshold = check_threshold(threshold)
     if _fusion is None or _fusion.threshold_bytes != threshold:
         _fusion = FusionBuffer(threshold)
     return _fusion

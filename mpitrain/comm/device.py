@@ -43,7 +43,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check, collectives, world
-from mpitrain.comm.fusion import Bucket, threshold_from_env
+from mpitrain.comm.fusion import Bucket, check_threshold
 
 TRANSPORTS = ("nccl", "mpi", "host")
 _state = {"device": None, "transport": None, "nccl": None, "fusion": None}
@@ -409,7 +409,7 @@ class DeviceFusionBuffer:
         return outs
 
 
-def _grouped(kind, xs, in_place, op, name, prescale, postscale):
+def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
     checked = [_check(x, kind, in_place) if is_device_array(x) else
                (x, None, f"{kind}: host and device arrays mixed in one call") for x in xs]
@@ -419,7 +419,7 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale):
     if len(fams) > 1:
         errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
     op, pre, post, fields, err = collectives._reduce_args(kind, op, prescale, postscale)
-    threshold = threshold_from_env()
+    threshold = check_threshold(threshold)
     fields.update(name=name, threshold_bytes=threshold,
                   arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays))
     check.agree(world.comm(), "grouped_allreduce", fields, collectives._first_error(err, *errors))
@@ -435,13 +435,15 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale):
 
 
 def grouped_allreduce(xs, op=collectives.Average, name=None, prescale_factor=1.0,
-                      postscale_factor=1.0):
-    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor)
+                      postscale_factor=1.0, fusion_threshold_bytes=None):
+    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
 
 
 def grouped_allreduce_(xs, op=collectives.Average, name=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
-    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor)
+                       postscale_factor=1.0, fusion_threshold_bytes=None):
+    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
 
 
 # --- one-off collectives: staged through the host ------------------------------------------------

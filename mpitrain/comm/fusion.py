@@ -31,6 +31,15 @@ def threshold_from_env():
     return value
 
 
+def check_threshold(value=None):
+    """``value`` as a validated int (bytes), or the environment's / default threshold if None."""
+    if value is None:
+        return threshold_from_env()
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"fusion_threshold_bytes {value!r}: expected an integer >= 0 (bytes)")
+    return int(value)
+
+
 class Bucket:
     """Arrays reduced together: entries are (input index, offset, length) in the flat buffer."""
 
@@ -49,8 +58,7 @@ class Bucket:
 
 class FusionBuffer:
     def __init__(self, threshold_bytes=None):
-        self.threshold_bytes = (threshold_from_env() if threshold_bytes is None
-                                else int(threshold_bytes))
+        self.threshold_bytes = check_threshold(threshold_bytes)
         self._plans = {}
         self._buffers = {}
 
@@ -90,18 +98,31 @@ class FusionBuffer:
 
         reduce_flat(flat): allreduce a contiguous 1-D array in place (scaling included).
         """
-        for bucket in self.plan(arrays):
+        tl = _timeline()
+        for index, bucket in enumerate(self.plan(arrays)):
+            nbytes = bucket.total * bucket.dtype.itemsize
             if len(bucket.entries) == 1:
                 i = bucket.entries[0][0]
-                _reduce_direct(arrays[i], outs[i], reduce_flat)
+                with tl.span("allreduce", cat="comm", bucket=index, bytes=nbytes):
+                    _reduce_direct(arrays[i], outs[i], reduce_flat)
                 continue
             flat = self._buffers[bucket.dtype][:bucket.total]  # (total,)
-            for i, off, n in bucket.entries:
-                flat[off:off + n].reshape(arrays[i].shape)[...] = arrays[i]
-            reduce_flat(flat)
-            for i, off, n in bucket.entries:
-                outs[i][...] = flat[off:off + n].reshape(outs[i].shape)
+            with tl.span("pack", cat="comm", bucket=index):
+                for i, off, n in bucket.entries:
+                    flat[off:off + n].reshape(arrays[i].shape)[...] = arrays[i]
+            with tl.span("allreduce", cat="comm", bucket=index, bytes=nbytes):
+                reduce_flat(flat)
+            with tl.span("unpack", cat="comm", bucket=index):
+                for i, off, n in bucket.entries:
+                    outs[i][...] = flat[off:off + n].reshape(outs[i].shape)
         return outs
+
+
+def _timeline():
+    # Imported late, as in distributed.py: `python -m mpitrain.timeline` must not find the
+    # module already loaded.
+    from mpitrain import timeline
+    return timeline.current()
 
 
 def _reduce_direct(x, out, reduce_flat):

@@ -85,12 +85,16 @@ def test_a_killed_job_resumes_bitwise(tmp_path):
     job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        # Kill as soon as the step-4 checkpoint exists (written atomically, so complete). Poll
+        # fast: an idle machine runs this tiny job at < 1 ms per step, and only the newest 3
+        # checkpoints are kept, so step 4's is gone about 12 steps later.
         deadline = time.time() + 100
-        while not (ck / "ckpt-00000008.npz").exists() and time.time() < deadline:
-            time.sleep(0.05)
+        while not (ck / "ckpt-00000004.npz").exists() and time.time() < deadline:
+            time.sleep(0.0005)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+    assert (ck / "ckpt-00000004.npz").exists(), "the step-4 checkpoint was never seen"
     # Keep only the step-4 checkpoint, as if the job had died right after writing it.
     for name in os.listdir(ck):
         if name != "ckpt-00000004.npz":

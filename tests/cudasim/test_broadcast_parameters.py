@@ -1,0 +1,15 @@
+"""mt.broadcast_parameters on a dict of simulated Numba device arrays (which carry
+``__cuda_ndarray__`` but no ``__cuda_array_interface__``): they are broadcast as arrays, not
+mistaken for Parameters (which would fail on ``.data``)."""
+import numpy as np
+
+import mpitrain as mt
+
+
+def test_dict_of_device_arrays_is_broadcast_in_place(dev):
+    mt.init()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)                  # (2, 3)
+    params = {"w": dev.to_device(x), "b": dev.to_device(np.ones(3, np.float32))}
+    mt.broadcast_parameters(params, root_rank=0)
+    np.testing.assert_array_equal(dev.to_host(params["w"]), x)
+    np.testing.assert_array_equal(dev.to_host(params["b"]), np.ones(3, np.float32))
