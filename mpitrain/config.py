@@ -68,8 +68,11 @@ class Config:
                         choices=("gradients", "weights"))
     average_every: int = _opt(1, "steps between weight averages (--average weights)")
     fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
-    fusion_threshold_bytes: int = _opt(64 * 1024 * 1024, "gradient fusion buffer size in bytes "
-                                                         "(0 = one allreduce per tensor)")
+    fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
+                                                       "allreduce per tensor; default 4 MiB "
+                                                       "with overlap, 64 MiB without)")
+    no_overlap: bool = _opt(False, "average gradients after backward instead of overlapping "
+                                   "each bucket's allreduce with the rest of backward")
     seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
     device: str = _opt("cpu", "where the model runs", choices=("cpu", "cuda"))
     kernels: Optional[str] = _opt(None, "kernel flavour (default: numba on cpu, cupy on cuda)",
@@ -100,7 +103,7 @@ class Config:
                     "fusion_threshold_bytes": 0, "checkpoint_every": 0, "eval_every": 0,
                     "threads": 0, "seed": 0}
         for name, low in at_least.items():
-            if getattr(self, name) < low:
+            if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps {self.steps!r}: must be >= 1")

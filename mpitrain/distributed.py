@@ -8,8 +8,12 @@ import time
 
 import numpy as np
 
-from mpitrain.comm import collectives
-from mpitrain.comm.fusion import check_threshold
+from mpitrain.comm import collectives, overlap
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+
+# Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
+# early in backward, large enough that per-call latency stays small (PyTorch DDP: 25 MB).
+OVERLAP_BUCKET_BYTES = 4 * 1024 * 1024
 
 
 def broadcast_parameters(params, root_rank=0):
@@ -72,14 +76,18 @@ class DistributedOptimizer:
 
     ``op``: ``mt.Average`` or ``mt.Sum``; ``gradient_predivide_factor`` f divides gradients by f
     before the sum and multiplies by f after it (Horovod's guard against fp16 overflow).
-    ``fusion_threshold_bytes``: size limit of a fusion bucket (0 = one allreduce per tensor);
-    None reads ``MPITRAIN_FUSION_THRESHOLD`` once, here (default 64 MiB).
+    ``overlap`` (gradients mode): start each bucket's allreduce during backward, as soon as its
+    gradients are done -- pass ``opt.backward_hook`` to ``model.backward`` -- and wait for them
+    in ``synchronize()``; without the hook (or with ``overlap=False``) everything is averaged
+    in ``synchronize()``.
+    ``fusion_threshold_bytes``: size limit of a bucket (0 = one allreduce per tensor); None
+    reads ``MPITRAIN_FUSION_THRESHOLD`` once, here (default 4 MiB with overlap, else 64 MiB).
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
-                 average_every=1, fusion_threshold_bytes=None):
+                 average_every=1, fusion_threshold_bytes=None, overlap=True):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -95,7 +103,10 @@ class DistributedOptimizer:
         if average == "weights" and compression is not Compression.none:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
-        self.fusion_threshold_bytes = check_threshold(fusion_threshold_bytes)
+        self.overlap = bool(overlap)
+        default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
+                   else DEFAULT_THRESHOLD_BYTES)
+        self.fusion_threshold_bytes = check_threshold(fusion_threshold_bytes, default)
         self.optimizer = optimizer
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
@@ -108,6 +119,11 @@ class DistributedOptimizer:
         self._synchronized = False
         self._skip = False
         self._wire = None  # fp16 buffers, allocated at the first synchronize
+        self._buckets = None  # overlap.BucketAllreduce, built at the first step
+        # submission slot of each parameter: the reverse of optimizer order, which for a
+        # Sequential is the order backward finishes them
+        n = len(self.params)
+        self._slot = {id(p): n - 1 - i for i, p in enumerate(self.params)}
 
     # -- the inner optimizer's surface --
     @property
@@ -132,6 +148,44 @@ class DistributedOptimizer:
         self.optimizer.load_state_dict(state)
 
     # -- averaging --
+    def backward_hook(self, params):
+        """Start averaging these parameters' gradients now; pass it to backward as
+        ``model.backward(grad, on_layer_done=opt.backward_hook)``.
+
+        With ``overlap=True`` (gradients mode, several ranks, host arrays) the gradients go into
+        fixed buckets (reverse layer order, ``fusion_threshold_bytes`` each, the same plan on
+        every rank); a bucket's allreduce starts on the communication thread as soon as all of
+        its gradients were reported, and ``synchronize()`` (called by ``step()``) waits for them.
+        Otherwise this does nothing and ``synchronize()`` averages everything. One backward per
+        step: to accumulate gradients over several backward passes, leave the hook out. Between
+        this hook and ``step()`` the caller must make no MPI calls (the comm thread owns MPI).
+        """
+        buckets = self._bucket_allreduce()
+        if buckets is None:
+            return
+        for p in params:
+            slot = self._slot.get(id(p))
+            if slot is not None:
+                buckets.ready(slot, p.grad)
+
+    def _bucket_allreduce(self):
+        """The overlapping bucket allreduce, or None where it does not apply."""
+        if self._buckets is not None:
+            return self._buckets
+        if (not self.overlap or self.average != "gradients" or collectives.world.size() == 1
+                or not self.params or _is_device_array(self.params[0].data)):
+            return None
+        # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
+        grads = [p.data for p in reversed(self.params)]
+        f, op = self.gradient_predivide_factor, self.op
+        self._buckets = overlap.BucketAllreduce(
+            [(tuple(g.shape), g.dtype) for g in grads], self.fusion_threshold_bytes,
+            lambda flat: collectives._allreduce_flat(flat, op, 1.0 / f, f),
+            {"name": "DistributedOptimizer.gradients", "op": op.value, "prescale_factor": 1.0 / f,
+             "postscale_factor": f},
+            wire_dtypes=[self.compression.wire_dtype(g.dtype) for g in grads])
+        return self._buckets
+
     def synchronize(self):
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
         if self.average != "gradients":
@@ -140,6 +194,13 @@ class DistributedOptimizer:
             self._synchronized = True
             return
         start = time.perf_counter()
+        buckets = self._bucket_allreduce()
+        if buckets is not None:
+            with _timeline().span("synchronize", cat="comm"):
+                buckets.finish([p.grad for p in reversed(self.params)])
+            self._synchronized = True
+            self.comm_time_s += time.perf_counter() - start
+            return
         grads = [p.grad for p in self.params]
         kernels = self.params[0].kernels
         if self._wire is None:
@@ -195,7 +256,8 @@ class DistributedOptimizer:
 
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
-                f"average_every={self.average_every}, compression={self.compression!r})")
+                f"average_every={self.average_every}, compression={self.compression!r}, "
+                f"overlap={self.overlap})")
 
 
 def _is_device_array(x):

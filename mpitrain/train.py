@@ -119,7 +119,8 @@ def _build_optimizer(config, model, lr):
     compression = Compression.fp16 if config.fp16_allreduce else Compression.none
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
-                                fusion_threshold_bytes=config.fusion_threshold_bytes)
+                                fusion_threshold_bytes=config.fusion_threshold_bytes,
+                                overlap=not config.no_overlap)
 
 
 def _read_checkpoint(config):
@@ -232,7 +233,9 @@ class _Trainer:
             logits = self.model.forward(x)                                        # (b, K)
             loss = self.loss_fn.forward(logits, y)
         with tl.span("backward"):
-            self.model.backward(self.loss_fn.backward())
+            # each layer's gradients start their allreduce as soon as that layer is done
+            self.model.backward(self.loss_fn.backward(),
+                                on_layer_done=self.optimizer.backward_hook)
         with tl.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
             self.k.synchronize()

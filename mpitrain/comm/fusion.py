@@ -20,8 +20,8 @@ import numpy as np
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 
-def threshold_from_env():
-    text = os.environ.get("MPITRAIN_FUSION_THRESHOLD", str(DEFAULT_THRESHOLD_BYTES))
+def threshold_from_env(default=DEFAULT_THRESHOLD_BYTES):
+    text = os.environ.get("MPITRAIN_FUSION_THRESHOLD", str(default))
     try:
         value = int(text)
     except ValueError:
@@ -31,10 +31,10 @@ def threshold_from_env():
     return value
 
 
-def check_threshold(value=None):
-    """``value`` as a validated int (bytes), or the environment's / default threshold if None."""
+def check_threshold(value=None, default=DEFAULT_THRESHOLD_BYTES):
+    """``value`` as a validated int (bytes); if None, MPITRAIN_FUSION_THRESHOLD, else default."""
     if value is None:
-        return threshold_from_env()
+        return threshold_from_env(default)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"fusion_threshold_bytes {value!r}: expected an integer >= 0 (bytes)")
     return int(value)

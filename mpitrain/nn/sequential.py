@@ -31,11 +31,22 @@ class Sequential:
 
     __call__ = forward
 
-    def backward(self, grad_logits):
-        """Add every parameter's gradient of the loss into ``.grad`` (input gradient not formed)."""
+    def backward(self, grad_logits, on_layer_done=None):
+        """Add every parameter's gradient of the loss into ``.grad`` (input gradient not formed).
+
+        on_layer_done(params): called right after each layer that has parameters finished its
+        backward, last layer first, with that layer's Parameters, whose ``.grad`` is final for
+        this pass -- e.g. ``DistributedOptimizer.backward_hook``, which starts averaging them
+        while the earlier layers are still being differentiated.
+        """
         g = grad_logits
         for i in range(len(self.layers) - 1, -1, -1):
-            g = self.layers[i].backward(g, need_input_grad=i > 0)
+            layer = self.layers[i]
+            g = layer.backward(g, need_input_grad=i > 0)
+            if on_layer_done is not None:
+                params = [p for _, p in layer.named_parameters()]
+                if params:
+                    on_layer_done(params)
 
     def train(self):
         self.training = True

@@ -23,7 +23,9 @@ for step in range(3):
         time.sleep(0.001)
     with timeline.current().span("allreduce", cat="comm", bytes=4 * (step + 1)):
         comm.Barrier()
-print("wrote", tl.close(comm))
+# one write per rank: mpiexec forwards both ranks' output, and separate writes can interleave
+sys.stdout.write(f"wrote {tl.close(comm)}\\n")
+sys.stdout.flush()
 """
 
 

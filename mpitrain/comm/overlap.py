@@ -1,0 +1,217 @@
+"""Overlapped bucket allreduce: reduce gradients while backward is still producing the rest.
+
+Why: without overlap a step is backward, then all communication, then the update; the network
+idles during backward and the cores idle during the allreduce. Backward produces gradients from
+the last layer to the first, so the last layers' gradients are final long before the step ends.
+``BucketAllreduce`` cuts the arrays, in the order the caller will report them (reverse layer
+order for a Sequential), into buckets of at most ``threshold_bytes``; as soon as every array of
+the next bucket has been reported ready, the bucket is packed and its allreduce is handed to one
+background thread per process, and ``finish`` waits for them only before the update::
+
+    main thread   backward L3 | pack b0 | backward L2 | backward L1 | pack b1 | wait | unpack
+    comm thread                 allreduce b0 ..........               allreduce b1 ..
+
+Rules that keep N processes consistent (and reruns bitwise identical):
+- The plan is fixed at the first call from the (shape, dtype) sequence, agreed across ranks once
+  (check.agree: a mismatch is a CollectiveError on every rank), and identical on every rank.
+- Buckets are submitted strictly in plan order, whatever order the arrays are reported in, and
+  one thread runs them in submission order: every rank issues the same allreduces in the same
+  order, so MPI's matching and the ring's tags stay consistent.
+- Only the comm thread calls MPI while buckets are in flight; the caller must not call MPI
+  between the first ``ready`` and ``finish`` (the training loop only computes there). Needs
+  ``MPI.Query_thread() >= MPI_THREAD_SERIALIZED`` (mpi4py asks for MULTIPLE); below that the
+  allreduces run inline on the caller's thread (same plan, same bits, no overlap).
+- An exception in the comm thread skips the later buckets and is re-raised by ``finish`` after
+  every bucket has finished, so no MPI call is left running behind the caller's back.
+
+Numba kernels and BLAS release the GIL, and mpi4py releases it inside MPI calls, so the two
+threads really run at once. Each bucket has its own flat buffer (all are in flight together);
+an array alone in its bucket, contiguous and already of the wire dtype, is reduced in place.
+"""
+import concurrent.futures
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+from mpitrain.comm import check, world
+
+_executor = None
+_executor_lock = threading.Lock()
+
+
+def comm_thread_available():
+    """True when MPI allows a second thread to make the calls (SERIALIZED or better)."""
+    return MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+
+
+def _comm_executor():
+    """The process's single communication thread (started on first use)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="mpitrain-comm")
+        return _executor
+
+
+class _Bucket:
+    def __init__(self, index, wire_dtype):
+        self.index = index
+        self.dtype = wire_dtype
+        self.entries = []        # (array index, offset, length)
+        self.total = 0
+        self.flat = None         # persistent buffer, or None when reduced in place
+
+    def add(self, i, n):
+        self.entries.append((i, self.total, n))
+        self.total += n
+
+
+class BucketAllreduce:
+    """Allreduce a fixed list of arrays in buckets, overlapping with the caller's compute.
+
+    specs: [(shape, dtype)] in submission order (the order arrays become ready).
+    wire_dtypes: the dtype each array travels as (float16 for fp16 compression), or None.
+    reduce_flat(flat): allreduces a contiguous 1-D host array in place (scaling included); it
+    runs on the comm thread.
+    describe: fields agreed across ranks together with the plan (op, factors, name).
+    """
+
+    def __init__(self, specs, threshold_bytes, reduce_flat, describe, wire_dtypes=None,
+                 overlap=True):
+        self.specs = [(tuple(s), np.dtype(d)) for s, d in specs]
+        wire = wire_dtypes or [d for _, d in self.specs]
+        self.wire = [np.dtype(w) for w in wire]
+        self.threshold_bytes = int(threshold_bytes)
+        self.reduce_flat = reduce_flat
+        self.describe = dict(describe)
+        self.overlap = overlap and comm_thread_available()
+        self.buckets = None
+        self._bucket_of = []
+        self._reset_step()
+
+    # -- plan ------------------------------------------------------------------------------------
+    def _plan(self):
+        """Consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array)."""
+        buckets = []
+        for i, ((shape, _), wire) in enumerate(zip(self.specs, self.wire)):
+            n = int(np.prod(shape, dtype=np.int64))
+            b = buckets[-1] if buckets else None
+            if b is None or b.dtype != wire or \
+                    (b.entries and (b.total + n) * wire.itemsize > self.threshold_bytes):
+                b = _Bucket(len(buckets), wire)
+                buckets.append(b)
+            b.add(i, n)
+        for b in buckets:
+            i = b.entries[0][0]
+            inplace = len(b.entries) == 1 and self.wire[i] == self.specs[i][1]
+            b.flat = None if inplace else np.empty(b.total, b.dtype)     # (total,)
+        return buckets
+
+    def _build(self):
+        fields = dict(self.describe, threshold_bytes=self.threshold_bytes,
+                      arrays=tuple((s, d.str) for s, d in self.specs),
+                      wire=tuple(w.str for w in self.wire), overlap=True)
+        # Once per plan, on the caller's thread, with nothing in flight: ranks whose arrays
+        # differ learn it here, all of them, before any bucket moves.
+        check.agree(world.comm(), "grouped_allreduce", fields)
+        self.buckets = self._plan()
+        self._bucket_of = [0] * len(self.specs)
+        for b in self.buckets:
+            for i, _, _ in b.entries:
+                self._bucket_of[i] = b.index
+
+    def _reset_step(self):
+        self._arrays = [None] * len(self.specs)
+        self._missing = None if self.buckets is None else [len(b.entries) for b in self.buckets]
+        self._next = 0           # next bucket to submit (plan order)
+        self._futures = []
+        self._direct = {}        # bucket index -> array reduced in place
+        self._failed = False
+
+    # -- per step --------------------------------------------------------------------------------
+    def ready(self, i, array):
+        """Array i holds its final value for this step; submit every bucket now complete."""
+        if self.buckets is None:
+            self._build()
+            self._missing = [len(b.entries) for b in self.buckets]
+        if self._arrays[i] is not None:
+            self._wait_all()
+            self._reset_step()
+            raise ValueError(f"array {i} reported ready twice before finish(); accumulate "
+                             f"gradients without the backward hook")
+        self._arrays[i] = array
+        self._missing[self._bucket_of[i]] -= 1
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._submit(self.buckets[self._next])
+            self._next += 1
+
+    def finish(self, arrays):
+        """Reduce whatever was not reported, wait for every bucket, write results into
+        ``arrays`` (all of them, in spec order); re-raise a comm-thread error here."""
+        try:
+            for i, a in enumerate(arrays):
+                if self._arrays[i] is None:
+                    self.ready(i, a)
+            error = self._wait_all()
+            if error is not None:
+                raise error
+            tl = _timeline()
+            for b in self.buckets:
+                if b.flat is None:
+                    continue
+                with tl.span("unpack", cat="comm", bucket=b.index):
+                    for i, off, n in b.entries:
+                        arrays[i][...] = b.flat[off:off + n].reshape(arrays[i].shape)
+            return arrays
+        finally:
+            self._reset_step()
+
+    def _wait_all(self):
+        """Wait for every submitted bucket; the first error (or None)."""
+        error = None
+        for fut in self._futures:
+            try:
+                fut.result()
+            except BaseException as exc:  # noqa: BLE001 - returned, re-raised by the caller
+                error = error or exc
+        return error
+
+    def _submit(self, b):
+        tl = _timeline()
+        if b.flat is None:
+            a = self._arrays[b.entries[0][0]]
+            flat = a.reshape(-1) if a.flags.c_contiguous else None
+            if flat is None:                      # reduce a contiguous copy, unpack later
+                b.flat = np.empty(b.total, b.dtype)
+        if b.flat is not None:
+            with tl.span("pack", cat="comm", bucket=b.index):
+                for i, off, n in b.entries:
+                    b.flat[off:off + n] = self._arrays[i].reshape(-1)
+            flat = b.flat
+        nbytes = b.total * b.dtype.itemsize
+        if not self.overlap:
+            with tl.span("allreduce", cat="comm", bucket=b.index, bytes=nbytes):
+                self.reduce_flat(flat)
+            return
+        self._futures.append(_comm_executor().submit(self._run, flat, b.index, nbytes))
+
+    def _run(self, flat, index, nbytes):
+        # comm thread: buckets run one at a time, in submission order
+        if self._failed:
+            return
+        try:
+            with _timeline().span("allreduce", cat="comm", tid="comm", bucket=index,
+                                  bytes=nbytes):
+                self.reduce_flat(flat)
+        except BaseException:
+            self._failed = True
+            raise
+
+
+def _timeline():
+    # Imported late, as in distributed.py: `python -m mpitrain.timeline` must not find the
+    # module already loaded.
+    from mpitrain import timeline
+    return timeline.current()
