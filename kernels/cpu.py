@@ -14,8 +14,9 @@ name = "cpu"
 # Every kernel takes preallocated, C-contiguous outputs, so a training step allocates nothing once
 # the layers' workspaces exist. Elementwise kernels work on flat views (``a.reshape(-1)`` is a view
 # of a contiguous array), so one compiled specialisation serves every rank of array. The outer loops
-# over the batch are ``prange``: with NUMBA_NUM_THREADS=1 (one thread per MPI rank) they run
+# over the batch are ``prange``: with one Numba thread (the trainer's default, threads.py) they run
 # serially at no cost; with more threads they split over samples, which never share an element.
+# ``nogil=True`` everywhere: the gradient allreduce thread (comm/overlap.py) runs while they do.
 
 
 def empty(shape, dtype=np.float32):
@@ -39,31 +40,31 @@ def synchronize():
     pass
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fill(a, value):
     for i in range(a.size):
         a[i] = value
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _copy(dst, src):
     for i in range(dst.size):
         dst[i] = src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _scale(a, factor):
     for i in range(a.size):
         a[i] = a[i] * factor
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _add(dst, src):
     for i in range(dst.size):
         dst[i] = dst[i] + src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _total(a):
     s = 0.0
     for i in range(a.size):
@@ -152,7 +153,7 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
 
 # Dense layers ------------------------------------------------------------------------------------
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def bias_act(y, bias, relu):
     rows, cols = y.shape                        # (B, F)
     for i in prange(rows):
@@ -163,14 +164,14 @@ def bias_act(y, bias, relu):
             y[i, j] = v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _relu(x, out):
     for i in range(x.size):
         v = x[i]
         out[i] = v if v > 0 else 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _relu_backward(y, grad_out, grad_in):
     for i in range(y.size):
         grad_in[i] = grad_out[i] if y[i] > 0 else 0
@@ -187,7 +188,7 @@ def relu_backward(y, grad_out, grad_in):
     _relu_backward(_flat(y, "y"), _flat(grad_out, "grad_out"), _flat(grad_in, "grad_in"))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bias_grad(grad_out, grad_bias):
     # Row by row, so the inner loop runs along contiguous memory of both arrays.
     rows, cols = grad_out.shape                 # (B, F)
@@ -198,7 +199,7 @@ def bias_grad(grad_out, grad_bias):
 
 # Loss --------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def softmax_xent(logits, labels, grad, losses):
     """Per-sample -log softmax[label] (log-sum-exp with the row max subtracted) and its gradient."""
     rows, k = logits.shape                      # (B, K)
@@ -223,7 +224,7 @@ def softmax_xent(logits, labels, grad, losses):
         grad[i, label] -= inv_b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_correct(logits, labels):
     rows, k = logits.shape                      # (B, K)
     hits = 0
@@ -243,7 +244,7 @@ def count_correct(logits, labels):
 
 # Convolution: im2col + GEMM ----------------------------------------------------------------------
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def im2col(x, cols, kh, kw, stride, pad):
     n_img, chans, h, w = x.shape                # (N, C, H, W)
     oh = (h + 2 * pad - kh) // stride + 1
@@ -274,7 +275,7 @@ def im2col(x, cols, kh, kw, stride, pad):
                         col += kw
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def col2im(cols, dx, kh, kw, stride, pad):
     n_img, chans, h, w = dx.shape               # (N, C, H, W)
     oh = (h + 2 * pad - kh) // stride + 1
@@ -300,7 +301,7 @@ def col2im(cols, dx, kh, kw, stride, pad):
 
 # The layout transposes view the NCHW side as (N, C, OH*OW) (no index division) and walk one pixel
 # row of the (N*OH*OW, C) side at a time: measured 1.7x faster than 4-D indexing or tiling.
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def nhwc_to_nchw(src, dst):
     n_img, chans, oh, ow = dst.shape            # src: (N*OH*OW, C)
     plane = oh * ow
@@ -312,7 +313,7 @@ def nhwc_to_nchw(src, dst):
                 out[n, c, p] = row[c]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def nchw_to_nhwc(src, dst):
     n_img, chans, oh, ow = src.shape            # dst: (N*OH*OW, C)
     plane = oh * ow
@@ -326,7 +327,7 @@ def nchw_to_nhwc(src, dst):
 
 # Pooling and dropout -----------------------------------------------------------------------------
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def maxpool_forward(x, y, argmax, k, stride):
     n_img, chans, h, w = x.shape                # (N, C, H, W)
     oh, ow = y.shape[2], y.shape[3]             # (N, C, OH, OW)
@@ -361,7 +362,7 @@ def maxpool_forward(x, y, argmax, k, stride):
                     argmax[n, c, i, j] = at
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def maxpool_backward(grad_y, argmax, grad_x):
     n_img, chans, oh, ow = grad_y.shape         # (N, C, OH, OW)
     w = grad_x.shape[3]
@@ -375,7 +376,7 @@ def maxpool_backward(grad_y, argmax, grad_x):
                     grad_x[n, c, hi, at - hi * w] += grad_y[n, c, i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mix32(x):
     """lowbias32 (Chris Wellons' 32-bit integer hash), on uint64 holding a uint32."""
     x = x & np.uint64(0xFFFFFFFF)
@@ -387,7 +388,7 @@ def _mix32(x):
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _dropout_forward(x, y, mask, threshold, keep_scale, seed_hash):
     for i in range(x.size):
         h = _mix32(_mix32(np.uint64(i)) ^ seed_hash)
@@ -395,7 +396,7 @@ def _dropout_forward(x, y, mask, threshold, keep_scale, seed_hash):
         y[i] = x[i] * mask[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mul(a, b, out):
     for i in range(a.size):
         out[i] = a[i] * b[i]
@@ -417,7 +418,7 @@ def dropout_backward(grad_y, mask, grad_x):
 
 # Optimizer updates (flat, in place) --------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sgd(param, grad, buf, lr, momentum, nesterov, weight_decay):
     for i in range(param.size):
         g = grad[i] + weight_decay * param[i]
@@ -428,7 +429,7 @@ def _sgd(param, grad, buf, lr, momentum, nesterov, weight_decay):
         param[i] = param[i] - lr * g
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     step_size = lr / (1.0 - beta1 ** step)
     inv_sqrt_c2 = 1.0 / np.sqrt(1.0 - beta2 ** step)
@@ -463,26 +464,26 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 # each element is rounded to float16 once per reduction).
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _reduce_sum(dst, src):
     for i in range(dst.shape[0]):
         dst[i] += src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _reduce_prod(dst, src):
     for i in range(dst.shape[0]):
         dst[i] *= src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _reduce_min(dst, src):
     for i in range(dst.shape[0]):
         if src[i] < dst[i]:
             dst[i] = src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _reduce_max(dst, src):
     for i in range(dst.shape[0]):
         if src[i] > dst[i]:

@@ -22,7 +22,9 @@ loaded libraries. The local size is read from the launcher's environment before 
 import ctypes
 import os
 
-_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+# BLAS variables only: Numba re-reads NUMBA_NUM_THREADS from os.environ at every compilation and
+# raises if it differs from the size of a pool already launched, so we never write it.
+_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # Setter symbols of the BLAS builds NumPy wheels ship (scipy-openblas, 32/64-bit ints) and others.
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                  "openblas_set_num_threads64_", "openblas_set_num_threads",
@@ -60,7 +62,7 @@ def configure(threads=0, local_size=None):
     """Give this rank's BLAS ``threads`` threads (0: the default), Numba one; returns the number."""
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:
-        os.environ[key] = "1" if key == "NUMBA_NUM_THREADS" else str(n)
+        os.environ[key] = str(n)
     _set_numba_threads(1)
     _set_blas_threads(n)
     return n

@@ -1,5 +1,7 @@
 """Thread budget per rank: cores // ranks-on-this-node, >= 1, overridable; applied to live pools."""
 import os
+import subprocess
+import sys
 
 import numba
 import pytest
@@ -45,4 +47,18 @@ def test_configure_resizes_running_pools_and_exports_env(restore_threads):
     assert n == threads.cores() and os.environ["OMP_NUM_THREADS"] == str(n)
     assert threads.blas_threads() in (n, None)
     # The budget goes to BLAS; Numba stays on one thread so the two pools never fight.
-    assert numba.get_num_threads() == 1 and os.environ["NUMBA_NUM_THREADS"] == "1"
+    assert numba.get_num_threads() == 1
+
+
+def test_configure_then_compile_in_a_fresh_process():
+    """Numba re-reads NUMBA_NUM_THREADS at each compilation and raises if it no longer matches the
+    launched pool; configure() must leave it alone so an uncached kernel still compiles."""
+    code = ("import numba, mpitrain.threads as t\n"
+            "t.configure(1)\n"
+            "f = numba.njit(lambda a: a + 1)\n"
+            "print(f(41))\n")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "42"
