@@ -76,7 +76,7 @@ bench: venv
 		--step out/bench/step.json \
 		--scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us \
 		--out out/bench --markdown out/bench/perfmodel.md
-	@echo "paste out/bench/*.md into docs/benchmarks.md"
+	$(PY) benchmarks/report.py --bench out/bench --doc docs/benchmarks.md
 
 lint: venv
 	$(PY) -m pyflakes mpitrain kernels benchmarks tests 2>/dev/null || $(PY) -m pip install -q pyflakes
