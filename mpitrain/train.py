@@ -24,6 +24,7 @@ data position only, so a resumed job (on any N with the same global batch) conti
 import json
 import os
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -150,6 +151,46 @@ def _restore(config, state, model, optimizer):
     except ValueError as exc:
         raise ckpt.CheckpointError(f"{path} does not fit this model: {exc}") from None
     return meta
+
+
+def _check_outputs(config, rank):
+    """Rank 0: every path the job will write is writable, and a fresh run does not share a folder
+    with another run's checkpoints (their higher steps would prune ours and win a later
+    --resume). Checked before training, so a bad path is one line and exit 2, not an abort after
+    the work is done; nothing is created here."""
+    if rank != 0:
+        return
+    files = {"--metrics-json": config.metrics_json, "--save": config.save,
+             "--timeline": config.timeline}
+    for flag, path in files.items():
+        if path:
+            if os.path.isdir(path):
+                raise UsageError(f"{flag} {path}: is a folder, expected a file path")
+            _check_creatable(flag, os.path.dirname(os.path.abspath(path)))
+    folder = config.checkpoint_dir
+    if folder:
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise UsageError(f"--checkpoint-dir {folder}: exists and is not a folder")
+        _check_creatable("--checkpoint-dir", os.path.abspath(folder))
+        if not config.resume and os.path.isdir(folder) and ckpt.list_checkpoints(folder):
+            raise UsageError(f"--checkpoint-dir {folder} already holds checkpoints of another "
+                             f"run; pass --resume to continue it, or use an empty folder")
+
+
+def _check_creatable(flag, folder):
+    """``folder`` exists and takes files, or its nearest existing ancestor does. Probed with a
+    temporary file that vanishes at once (os.access says yes to root even on /proc)."""
+    probe = folder
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        if not os.path.isdir(probe):
+            raise NotADirectoryError(f"{probe} is not a folder")
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"{flag}: cannot write into {folder} ({reason})") from None
 
 
 class _Metrics:
@@ -331,6 +372,7 @@ def run(config):
     backend = _agree(_backend, config)
     train_set, test_set = _agree(_datasets, config)
     _agree(_check_sizes, config, train_set, test_set, size)
+    _agree(_check_outputs, config, rank)
     model = _build_model(config, train_set, backend)
     base_lr = config.lr * (size if config.scale_lr else 1)
     optimizer = _build_optimizer(config, model, base_lr)

@@ -200,6 +200,9 @@ BAD = {
     "checkpoint of another model": (["--model", "lenet", "--hidden", "", "--resume",
                                      "--checkpoint-dir", "{ck}"], "--model 'mlp'"),
     "resume without dir": (["--resume"], "--resume needs --checkpoint-dir"),
+    "unwritable output path": (["--timeline", "/proc/nope/t.json"], "--timeline"),
+    "fresh run into another run's checkpoints": (["--checkpoint-dir", "{ck}"],
+                                                 "already holds checkpoints"),
 }
 
 
