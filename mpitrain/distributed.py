@@ -244,6 +244,10 @@ class DistributedOptimizer:
 
     def step(self):
         if self.average == "gradients":
+            if self._skip and self._buckets is not None and self._buckets.pending():
+                # The comm thread may still be reducing these gradients (and owns MPI).
+                raise RuntimeError("step() inside skip_synchronize() while backward_hook's "
+                                   "allreduces are pending: call opt.synchronize() first")
             if not (self._skip or self._synchronized):
                 self.synchronize()
             self.optimizer.step()

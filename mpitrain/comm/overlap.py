@@ -131,6 +131,10 @@ class BucketAllreduce:
         self._failed = False
 
     # -- per step --------------------------------------------------------------------------------
+    def pending(self):
+        """True between the first ``ready`` of a step and its ``finish``."""
+        return any(a is not None for a in self._arrays)
+
     def ready(self, i, array):
         """Array i holds its final value for this step; submit every bucket now complete."""
         if self.buckets is None:

@@ -155,6 +155,24 @@ def test_reporting_a_gradient_twice_is_a_clear_error():
         opt.backward_hook([p])
 
 
+@pytest.mark.skipif(N == 1, reason="one rank has nothing to overlap")
+def test_step_in_skip_synchronize_with_pending_buckets_is_a_clear_error():
+    model = _model("mlp", np.float64)
+    opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.1),
+                               model.named_parameters(), fusion_threshold_bytes=64)
+    loss_fn = mt.nn.SoftmaxCrossEntropy()
+    x, y = _batch(0, 4, model.input_shape, np.float64)
+    loss_fn.forward(model.forward(x), y)
+    model.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
+    with pytest.raises(RuntimeError, match="call opt.synchronize"):
+        with opt.skip_synchronize():
+            opt.step()
+    opt.synchronize()                      # the pending buckets complete on every rank
+    with opt.skip_synchronize():
+        opt.step()
+    assert _identical_on_every_rank(model.state_dict())
+
+
 @pytest.mark.skipif(N == 1, reason="needs two ranks to disagree")
 def test_different_models_on_ranks_raise_collective_error_everywhere():
     model = mt.models.mlp(in_features=20, hidden=(16 + (R == 1),), seed=0)
