@@ -282,10 +282,15 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
                              postscale_factor=postscale, fusion_threshold_bytes=threshold)
     arrays, errors = zip(*[_as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
     op, pre, post, fields, err = _reduce_args(kind, op, prescale, postscale)
-    fusion = _fusion_buffer(threshold)
-    fields.update(name=name, threshold_bytes=fusion.threshold_bytes,
+    try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
+        threshold, threshold_err = check_threshold(threshold), None
+    except ValueError as exc:
+        threshold, threshold_err = None, str(exc)
+    fields.update(name=name, threshold_bytes=threshold,
                   arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
-    check.agree(world.comm(), "grouped_allreduce", fields, _first_error(err, *errors))
+    check.agree(world.comm(), "grouped_allreduce", fields,
+                _first_error(err, threshold_err, *errors))
+    fusion = _fusion_buffer(threshold)
     outs = list(arrays) if in_place else [np.empty(a.shape, a.dtype) for a in arrays]
     fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(flat, op, pre, post))
     return outs

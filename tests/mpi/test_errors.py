@@ -88,6 +88,13 @@ def test_other_collectives_mismatch():
 
 
 @multi
+def test_bad_fusion_threshold_on_one_rank_raises_everywhere():
+    bad = -1 if R == 0 else None  # found locally on rank 0 only, before any data moves
+    raises_everywhere(lambda: mt.grouped_allreduce([np.zeros(2)], fusion_threshold_bytes=bad),
+                      "fusion_threshold_bytes -1")
+
+
+@multi
 def test_different_collectives_on_different_ranks():
     x = np.zeros(4)
     msg = raises_everywhere(lambda: mt.allreduce(x) if R == 0 else mt.broadcast(x, 0),
