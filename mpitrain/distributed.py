@@ -115,7 +115,6 @@ class DistributedOptimizer:
         self.average = average
         self.average_every = int(average_every)
         self.comm_time_s = 0.0
-        self._local_steps = 0
         self._synchronized = False
         self._skip = False
         self._wire = None  # fp16 buffers, allocated at the first synchronize
@@ -254,8 +253,9 @@ class DistributedOptimizer:
             self._synchronized = False
             return
         self.optimizer.step()
-        self._local_steps += 1
-        if self._local_steps % self.average_every == 0:
+        # The inner optimizer's step count travels in its state_dict, so a resumed job keeps
+        # averaging on the same global steps as an uninterrupted one.
+        if self.optimizer.steps % self.average_every == 0:
             self.average_weights()
 
     def __repr__(self):

@@ -479,9 +479,11 @@ def _loop(t, metrics):
     if bar is not None:
         bar.close()
 
-    if c.average == "weights" and t.step % c.average_every:
-        t.optimizer.average_weights()  # end on one model, not N
-    if c.checkpoint_dir and t.last_checkpoint_step != t.step and t.can_checkpoint():
+    final_average = c.average == "weights" and t.step % c.average_every != 0
+    if final_average:
+        t.optimizer.average_weights()  # end on one model, not N (so it may be checkpointed)
+    if c.checkpoint_dir and t.last_checkpoint_step != t.step and (t.can_checkpoint()
+                                                                   or final_average):
         t.save_checkpoint()
     if t.last_eval_step != t.step or t.last_eval is None:
         t.evaluate()

@@ -157,3 +157,19 @@ def test_weights_mode_checkpoint_holds_one_model_and_resumes(tmp_path):
     mpitrain(2, "--batch-size", "8", "--steps", "9", "--average", "weights", "--average-every",
              "3", "--checkpoint-dir", str(ck), "--resume", cwd=tmp_path)
     assert checkpoint.load(checkpoint.checkpoint_path(ck, 9)).step == 9
+
+
+def test_weights_mode_final_average_is_checkpointed_and_the_schedule_survives_resume(tmp_path):
+    """--steps 7 with --average-every 3 ends with an extra average at step 7: that one model is
+    checkpointed, and a job resumes from it (that the resumed schedule averages at 9, not at
+    7 + 3, is checked in tests/mpi/test_distributed.py)."""
+    ck = tmp_path / "ck"
+    flags = ["--batch-size", "8", "--average", "weights", "--average-every", "3",
+             "--checkpoint-every", "3", "--checkpoint-dir", str(ck)]
+    mpitrain(2, *flags, "--steps", "7", "--save", "w7.npz", cwd=tmp_path)
+    from mpitrain import checkpoint
+    assert_bitwise(checkpoint.load(checkpoint.checkpoint_path(ck, 7)).params,
+                   params(tmp_path / "w7.npz"))
+    mpitrain(2, *flags, "--steps", "9", "--resume", "--save", "w9.npz", cwd=tmp_path)
+    assert_bitwise(checkpoint.load(checkpoint.checkpoint_path(ck, 9)).params,
+                   params(tmp_path / "w9.npz"))

@@ -118,6 +118,17 @@ def test_weight_averaging_every_k_steps():
     assert (_rel_diff(at_average, each) > 1e-9) == (N > 1)
 
 
+def test_weight_averaging_schedule_follows_the_restored_step_count():
+    """A job resumed at step 7 (optimizer state restored) averages at 9, as an uninterrupted
+    one would -- not 3 steps after the resume."""
+    def weights(opt, model):
+        opt.load_state_dict(dict(opt.state_dict(), step=7))   # as a resume at step 7 leaves it
+        return DistributedOptimizer(opt, model.named_parameters(), average="weights",
+                                    average_every=3)
+    at_9, _ = _train("mlp", np.float64, 4, N, R, steps=2, kind="plain", wrap=weights)
+    assert _identical_on_every_rank(at_9)
+
+
 def test_fp16_compression_is_close_and_sends_half_precision():
     assert mt.Compression.fp16.wire_dtype(np.float32) == np.float16
     assert mt.Compression.fp16.wire_dtype(np.float64) == np.float64
