@@ -43,7 +43,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check, collectives, world
-from mpitrain.comm.fusion import Bucket, check_threshold
+from mpitrain.comm.fusion import FusionBuffer, check_threshold
 
 TRANSPORTS = ("nccl", "mpi", "host")
 _state = {"device": None, "transport": None, "nccl": None, "fusion": None}
@@ -356,40 +356,12 @@ def _allreduce_checked(kind, fam, a, err, op, name, prescale, postscale):
 
 # --- grouped allreduce through the device fusion buffer ------------------------------------------
 
-class DeviceFusionBuffer:
+class DeviceFusionBuffer(FusionBuffer):
     """fusion.FusionBuffer's plan with its flat buffers on the device (one per dtype)."""
 
     def __init__(self, fam, threshold_bytes):
+        super().__init__(threshold_bytes, empty=fam.kernels.empty)
         self.fam = fam
-        self.threshold_bytes = threshold_bytes
-        self._plans = {}
-        self._buffers = {}
-
-    def plan(self, arrays):
-        key = tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays)
-        if key not in self._plans:
-            self._plans[key] = self._make_plan(arrays)
-        return self._plans[key]
-
-    def _make_plan(self, arrays):
-        by_dtype = {}
-        for i, a in enumerate(arrays):
-            by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
-        buckets = []
-        for dtype, indices in by_dtype.items():
-            limit = self.threshold_bytes // dtype.itemsize
-            current = Bucket(dtype)
-            for i in indices:
-                if current.entries and current.total + arrays[i].size > limit:
-                    buckets.append(current)
-                    current = Bucket(dtype)
-                current.add(i, arrays[i].size)
-            buckets.append(current)
-        for b in buckets:
-            buf = self._buffers.get(b.dtype)
-            if len(b.entries) > 1 and (buf is None or buf.size < b.total):
-                self._buffers[b.dtype] = self.fam.kernels.empty((b.total,), b.dtype)
-        return buckets
 
     def allreduce(self, arrays, outs, reduce_flat):
         k = self.fam.kernels

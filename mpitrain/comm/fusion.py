@@ -57,14 +57,18 @@ class Bucket:
 
 
 class FusionBuffer:
-    def __init__(self, threshold_bytes=None):
+    """``empty(shape, dtype)`` allocates the flat buffers: NumPy here, a device backend's
+    ``kernels.empty`` for comm/device.py's subclass (same plan, buffers on the GPU)."""
+
+    def __init__(self, threshold_bytes=None, empty=np.empty):
         self.threshold_bytes = check_threshold(threshold_bytes)
+        self._empty = empty
         self._plans = {}
         self._buffers = {}
 
     def plan(self, arrays):
         """The list of Buckets for these arrays (cached; identical for identical signatures)."""
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        key = tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays)
         buckets = self._plans.get(key)
         if buckets is None:
             buckets = self._plans[key] = self._make_plan(arrays)
@@ -73,7 +77,7 @@ class FusionBuffer:
     def _make_plan(self, arrays):
         by_dtype = {}
         for i, a in enumerate(arrays):
-            by_dtype.setdefault(a.dtype, []).append(i)
+            by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
         buckets = []
         for dtype, indices in by_dtype.items():
             limit = self.threshold_bytes // dtype.itemsize
@@ -90,7 +94,7 @@ class FusionBuffer:
             if len(b.entries) > 1:
                 cap = self._buffers.get(b.dtype)
                 if cap is None or cap.size < b.total:
-                    self._buffers[b.dtype] = np.empty(b.total, b.dtype)
+                    self._buffers[b.dtype] = self._empty((b.total,), b.dtype)
         return buckets
 
     def allreduce(self, arrays, outs, reduce_flat):
