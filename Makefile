@@ -61,8 +61,8 @@ test-cuda-sim: venv
 
 # Needs a GPU and CuPy (pip install -e '.[cuda]'); every test skips cleanly without one.
 test-gpu: venv
-	$(PYTEST) -m gpu tests/gpu
-	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
+	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) -m gpu tests/gpu
+	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
 
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
@@ -79,7 +79,7 @@ bench: venv
 	$(PY) benchmarks/report.py --bench out/bench --doc docs/benchmarks.md
 
 lint: venv
-	$(PY) -m pyflakes mpitrain kernels benchmarks tests 2>/dev/null || $(PY) -m pip install -q pyflakes
+	$(PY) -m pyflakes --version >/dev/null 2>&1 || $(PY) -m pip install -q pyflakes
 	$(PY) -m pyflakes mpitrain kernels benchmarks tests
 
 loc:

@@ -8,18 +8,32 @@ Each section below re-exports one layer of the package; ``__all__`` is the publi
 (see docs/architecture.md).
 """
 # Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError.
-from mpitrain.comm import *  # noqa: F401,F403
-from mpitrain.comm import __all__ as _comm_all
-from mpitrain.distributed import broadcast_parameters  # noqa: F401
+from mpitrain.comm import (Average, CollectiveError, Max, Min, Product, ReduceOp, Sum, allgather,
+                           allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast,
+                           broadcast_, broadcast_object, cross_rank, cross_size, grouped_allreduce,
+                           grouped_allreduce_, init, install_abort_hook, is_initialized,
+                           local_rank, local_size, rank, reducescatter, shutdown, size)
 
-# Training (distributed.py): the optimizer wrapper, optimizer-state broadcast, compression.
-from mpitrain.distributed import (Compression, DistributedOptimizer,  # noqa: F401
-                                  broadcast_optimizer_state)
+# Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
+# compression.
+from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
+                                  broadcast_parameters)
 
 # Model side (no MPI inside): layers, models, optimizers, datasets.
-from mpitrain import data, nn, optim  # noqa: F401
-from mpitrain.nn import models  # noqa: F401
+from mpitrain import data, nn, optim
+from mpitrain.nn import models
 
 __version__ = "0.1.0"
-__all__ = list(_comm_all) + ["broadcast_parameters", "nn", "optim", "data", "models"]
-__all__ += ["DistributedOptimizer", "Compression", "broadcast_optimizer_state"]
+__all__ = [
+    # collectives
+    "init", "shutdown", "is_initialized", "install_abort_hook",
+    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "ReduceOp", "Sum", "Average", "Min", "Max", "Product",
+    "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
+    "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
+    "barrier", "broadcast_object", "allgather_object", "CollectiveError",
+    # training
+    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",
+    # model side
+    "nn", "optim", "data", "models",
+]
