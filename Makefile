@@ -33,7 +33,7 @@ $(STAMP): setup.py
 data: venv
 	@$(PY) -m mpitrain.data info fashion-mnist 2>/dev/null || \
 	{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
-	  apt-get install -y dataset-fashion-mnist; } || \
+	  { apt-get update -qq || true; } && apt-get install -y -qq dataset-fashion-mnist; } || \
 	$(PY) -m mpitrain.data fetch fashion-mnist
 
 run: venv data
