@@ -19,9 +19,21 @@ with T_compute from the step benchmark, R ranks sharing a node of C cores (overs
 time-share), n_k the fusion plan's bucket sizes, p_k = 2 for a packed bucket (pack + unpack
 copies; 0 for a tensor reduced in place) and one more pass for the 1/N of Average (mu: copy cost
 per byte, measured here). At N = 1 DistributedOptimizer skips averaging altogether (no packing
-either). No overlap of communication with compute is modelled
-(the trainer does not overlap yet). Efficiency = T_step(1) / T_step(N); throughput = N b /
-T_step(N).
+either). That sum is the trainer's ``--no-overlap`` (one 64 MiB fusion plan averaged after
+backward), and this script's ``--no-overlap``.
+
+By default the trainer overlaps: gradients in reverse layer order, buckets of <= 4 MiB, each
+allreduced on one comm thread as soon as backward has produced it. The model builds the same
+plan (``overlap_buckets``) and gives bucket k a ready time r_k T_bwd, r_k = the share of the
+backward GEMM FLOPs done when its last layer is finished (ASSUMPTION: backward time goes as
+its GEMM FLOPs; T_bwd = bwd_ms / step_ms of the step benchmark times T_compute). The comm thread
+runs buckets first in, first out: start_k = max(ready_k, end_(k-1)), end_k = start_k +
+T(n_k, N) + n_k mu (the 1/N pass); packing (n_k mu, main thread) delays backward, unpacking
+follows the wait. T_step = T_compute + packs + max(0, end_last - backward end) + unpacks.
+Where ranks fill the node (fewer than 2 cores per rank, as in the validation on a small box) the
+comm thread shares the rank's core with backward (processor sharing, ``comm_thread_shared``),
+which stretches backward by the comm work it overlaps; the projections (one rank per node)
+give it a core of its own. Efficiency = T_step(1) / T_step(N); throughput = N b / T_step(N).
 
 Identifiability. In T(n, N) beta and gamma always appear as (N-1)/N n (2 beta + gamma): ring
 timings alone, at any set of N, determine alpha and 2 beta + gamma, never beta and gamma apart.
@@ -41,7 +53,9 @@ spellings listed there):
   timed here (``mpitrain.kernels.cpu.reduce_into``, float32 sum) unless ``--no-measure``.
 - step (benchmarks/step.py): ``{"results": [{"model": m, "batch": b, "step_time_ms": t,
   "threads": k (optional)}]}`` -- forward + backward + update of one process, no communication.
-- scaling (benchmarks/scaling.py): its ``points`` (validation only).
+- scaling (benchmarks/scaling.py): its ``points`` (validation only), predicted as the jobs ran:
+  the trainer flags it records (``extra``: ``--no-overlap``, ``--fusion-threshold-bytes``)
+  choose the plan for the validation, whatever this script's own ``--no-overlap`` says.
 
 ``--link BW,LAT`` (repeatable, e.g. 25Gbps,5us or 12.5GB/s,1.5us) replaces the network: alpha =
 LAT + the fitted local alpha (our software per message does not go away), beta =
@@ -377,6 +391,31 @@ def load_step(paths, stat="median"):
     return out
 
 
+def load_backward_share(paths, stat="median"):
+    """{model: [(batch, threads or None, backward seconds / step seconds)]} from step-benchmark
+    files that record ``bwd_ms`` next to ``step_ms`` (benchmarks/step.py does); models without
+    it are left out (the overlap model then assumes DEFAULT_BACKWARD_SHARE)."""
+    out = {}
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for rec in _records(_read_json(path, "step")):
+            inner = rec.get(stat) if isinstance(rec.get(stat), dict) else rec
+            bwd, step = _seconds(inner, "bwd_"), _seconds(inner, "step_")
+            model, batch = _get(rec, ("model", "name")), _get(rec, ("batch", "batch_size"))
+            if bwd and step and model is not None and batch is not None and 0 < bwd <= step:
+                out.setdefault(model, []).append(
+                    (int(batch), _get(rec, ("threads", "num_threads")), bwd / step))
+    return out
+
+
+def backward_share(records, batch, threads=None):
+    """Backward's share of the step for ``batch`` from ``load_backward_share`` records of one
+    model: the record at the nearest batch (and the thread count, when recorded)."""
+    if not records:
+        return DEFAULT_BACKWARD_SHARE
+    recs = [r for r in records if threads is None or r[1] in (None, threads)] or records
+    return min(recs, key=lambda r: abs(r[0] - batch))[2]
+
+
 def load_scaling(path):
     doc = _read_json(path, "scaling")
     pts = _records(doc)
@@ -465,12 +504,171 @@ def compute_time(records, batch, threads=None):
     return float(ts[near] * batch / bs[near])
 
 
-def step_time(compute_s, plan, ranks, net, mu, ranks_per_node=1, cores=1):
+# Backward's share of forward + backward + update when the step benchmark did not record it:
+# backward costs about twice the forward (two GEMMs per layer against one), the update little.
+DEFAULT_BACKWARD_SHARE = 0.6
+
+
+class OverlapPlan:
+    """The overlapped trainer's buckets: ``buckets`` = [(bytes, tensors, ready)], in the order
+    the comm thread runs them, ``ready`` = fraction of backward done when the bucket's last
+    gradient is final; ``backward_share`` = backward's fraction of the compute time."""
+
+    def __init__(self, buckets, backward_share):
+        if not 0 < backward_share <= 1:
+            raise ModelError(f"backward share {backward_share!r}: must be in (0, 1]")
+        self.buckets = [(float(nb), int(c), float(r)) for nb, c, r in buckets]
+        self.backward_share = float(backward_share)
+
+    def __eq__(self, other):
+        return (isinstance(other, OverlapPlan) and self.buckets == other.buckets
+                and self.backward_share == other.backward_share)
+
+    def __repr__(self):
+        return f"OverlapPlan({self.buckets!r}, backward_share={self.backward_share!r})"
+
+    def to_json(self):
+        return {"overlap": True, "backward_share": self.backward_share,
+                "buckets": [{"bytes": nb, "tensors": c, "ready": r} for nb, c, r in self.buckets]}
+
+
+def backward_layers(model, batch):
+    """[(backward GEMM FLOPs, [gradient bytes of the layer's parameters])] per layer of a zoo
+    model, forward order -- the GEMMs benchmarks/step.py's ``gemm_plan`` lists (dW, and dx for
+    every layer but the first); layers without GEMMs (pooling, flatten) count 0."""
+    from mpitrain.nn import Conv2D, Flatten, Linear, MaxPool2D, models
+    net = models.get(model)
+    out, shape = [], (batch,) + tuple(net.input_shape)
+    for i, layer in enumerate(net.layers):
+        flops = 0
+        if isinstance(layer, Linear):
+            flops = 2 * shape[0] * layer.in_features * layer.out_features      # dW = g^T x
+            shape = (shape[0], layer.out_features)
+        elif isinstance(layer, Conv2D):
+            n, c, h, w = shape
+            oh, ow = layer.output_hw(h, w)
+            flops = 2 * n * oh * ow * layer.out_channels * c * layer.kernel_size ** 2
+            shape = (n, layer.out_channels, oh, ow)
+        elif isinstance(layer, MaxPool2D):
+            n, c, h, w = shape
+            ks, st = layer.kernel_size, layer.stride
+            shape = (n, c, (h - ks) // st + 1, (w - ks) // st + 1)
+        elif isinstance(layer, Flatten):
+            shape = (shape[0], int(np.prod(shape[1:])))
+        flops *= 2 if i > 0 else 1                  # dx: the first layer forms none
+        out.append((flops, [int(p.data.size) * 4 for p in layer.parameters()]))
+    return out
+
+
+def overlap_buckets(layers, threshold):
+    """[(bytes, tensors, ready)] as comm/overlap.py plans them: gradients in reverse layer order
+    (the last layer's parameters, last first), packed into buckets of <= threshold bytes (a
+    larger tensor alone). A layer reports all its gradients when its backward ends; ``ready`` of
+    a bucket is the share of backward done then, assumed proportional to the backward FLOPs of
+    the layers differentiated so far (``layers`` as ``backward_layers`` returns them)."""
+    total = float(sum(f for f, _ in layers)) or 1.0
+    tensors, done = [], 0.0                 # (bytes, ready) in submission order
+    for flops, grads in reversed(layers):
+        done += flops
+        tensors += [(nb, min(1.0, done / total)) for nb in reversed(grads)]
+    plan, i = [], 0
+    for nb, count in fusion_plan([t[0] for t in tensors], threshold):
+        plan.append((nb, count, max(r for _, r in tensors[i:i + count])))
+        i += count
+    return plan
+
+
+def comm_thread(ready, durations):
+    """(starts, ends) of buckets on the single comm thread: first in, first out, one at a time;
+    a bucket starts at max(its ready time, the previous bucket's end)."""
+    starts, ends, end = [], [], 0.0
+    for r, d in zip(ready, durations):
+        start = max(float(r), end)
+        end = start + float(d)
+        starts.append(start)
+        ends.append(end)
+    return starts, ends
+
+
+def comm_thread_shared(ready_work, durations, backward_work, cores_per_rank):
+    """``comm_thread`` when the comm thread has no core of its own: while the main thread
+    (backward) and the comm thread both run, each progresses at min(1, cores_per_rank / 2) of
+    full speed (processor sharing; MPI's polling and copies are CPU work). Bucket k becomes ready
+    when the main thread has done ``ready_work[k]`` seconds of its ``backward_work``. Returns
+    (starts, ends, backward_end) in seconds from the start of backward."""
+    t = done = 0.0
+    starts, ends, backward_end = [], [], None
+    k, rem = 0, float(durations[0]) if len(durations) else 0.0
+    eps = 1e-15
+    while k < len(durations):
+        main_on = done < backward_work - eps
+        comm_on = ready_work[k] <= done + eps or not main_on
+        if comm_on and len(starts) == k:
+            starts.append(t)
+        rate = min(1.0, cores_per_rank / (int(main_on) + int(comm_on)))
+        dt_comm = rem / rate if comm_on else float("inf")
+        target = backward_work if comm_on else ready_work[k]
+        dt_main = (target - done) / rate if main_on else float("inf")
+        dt = min(dt_comm, dt_main)
+        t += dt
+        if main_on:
+            done = target if dt == dt_main else done + rate * dt
+            if done >= backward_work - eps and backward_end is None:
+                backward_end = t
+        if comm_on:
+            rem -= rate * dt
+            if dt == dt_comm or rem <= eps:
+                ends.append(t)
+                k += 1
+                rem = float(durations[k]) if k < len(durations) else 0.0
+    if backward_end is None:
+        backward_end = t + (backward_work - done)
+    return starts, ends, backward_end
+
+
+def overlap_schedule(backward_s, plan, ranks, net, mu, cores_per_rank=None):
+    """The overlapped step's communication, times from the start of backward (seconds):
+    ready/start/end per bucket, backward_end, exposed (wait in synchronize beyond backward),
+    pack (main thread, inside backward), unpack (main thread, after the wait), stretch (backward
+    slowed by a comm thread sharing its core: ``cores_per_rank`` < 2; None = a core of its own).
+
+    The main thread packs a bucket of several tensors (n mu) when it becomes ready, which
+    delays the rest of backward; the comm thread runs allreduce + the 1/N pass (n mu); after
+    backward the main thread waits for the last bucket, then unpacks (n mu per packed bucket).
+    """
+    ready, durations, pack, unpack = [], [], 0.0, 0.0
+    for nb, count, frac in plan.buckets:
+        copy = nb * mu if count > 1 else 0.0
+        pack += copy
+        ready.append(frac * backward_s + pack)
+        durations.append(allreduce_time(nb, ranks, net) + nb * mu)
+        unpack += copy
+    if cores_per_rank is None or cores_per_rank >= 2:     # a core of its own
+        starts, ends = comm_thread(ready, durations)
+        backward_end = backward_s + pack
+    else:
+        starts, ends, backward_end = comm_thread_shared(ready, durations, backward_s + pack,
+                                                        max(1.0, cores_per_rank))
+    exposed = max(0.0, ends[-1] - backward_end) if ends else 0.0
+    return {"ready": ready, "start": starts, "end": ends, "backward_end": backward_end,
+            "exposed": exposed, "pack": pack, "unpack": unpack,
+            "stretch": backward_end - backward_s - pack}
+
+
+def step_time(compute_s, plan, ranks, net, mu, ranks_per_node=1, cores=None):
     """Predicted seconds per step and the communication part of it (see the module docstring).
-    plan: [(bucket bytes, tensors in it)] from ``fusion_plan``."""
-    share = max(1.0, ranks_per_node / cores)
+    plan: [(bucket bytes, tensors in it)] from ``fusion_plan`` (averaged after backward), or an
+    ``OverlapPlan`` (allreduce overlapped with backward; comm = what it adds to the step:
+    packing, the exposed wait, unpacking, and backward slowed by the comm thread when it shares
+    a core). cores: of the node the ranks_per_node ranks share; None = cores to spare."""
+    share = 1.0 if cores is None else max(1.0, ranks_per_node / cores)
     comm = 0.0
-    if ranks > 1:              # one rank: DistributedOptimizer skips averaging, packing included
+    if ranks > 1 and isinstance(plan, OverlapPlan):
+        per_rank = None if cores is None else cores / ranks_per_node
+        s = overlap_schedule(compute_s * share * plan.backward_share, plan, ranks, net, mu,
+                             per_rank)
+        comm = s["pack"] + s["exposed"] + s["unpack"] + s["stretch"]
+    elif ranks > 1:            # one rank: DistributedOptimizer skips averaging, packing included
         for nb, count in plan:
             comm += allreduce_time(nb, ranks, net)
             comm += ((2 if count > 1 else 0) + 1) * nb * mu
@@ -517,6 +715,48 @@ def project(models, steps, plans, nets, mu, batch, max_ranks):
     return out
 
 
+def sweep_settings(doc):
+    """How the sweep's jobs averaged gradients, from the trainer flags benchmarks/scaling.py
+    records (``extra``): {"overlap": bool, "fusion_threshold_bytes": int or None}; None when the
+    JSON does not record its flags (then the model's own settings are used)."""
+    extra = doc.get("extra") if isinstance(doc, dict) else None
+    if not isinstance(extra, list):
+        return None
+    flags, value = {}, None
+    for i, arg in enumerate(extra):
+        name, eq, val = str(arg).partition("=")
+        if not eq and i + 1 < len(extra):
+            val = str(extra[i + 1])
+        flags[name] = val
+    if "--fusion-threshold-bytes" in flags:
+        try:
+            value = int(flags["--fusion-threshold-bytes"])
+        except ValueError:
+            raise ModelError(f"scaling JSON: --fusion-threshold-bytes "
+                             f"{flags['--fusion-threshold-bytes']!r} is not an integer") from None
+    # overlap applies to gradient averaging only (DistributedOptimizer)
+    overlap = "--no-overlap" not in flags and flags.get("--average", "gradients") == "gradients"
+    return {"overlap": overlap, "fusion_threshold_bytes": value}
+
+
+def default_threshold(overlap):
+    """The trainer's bucket size: 4 MiB buckets with overlap, the 64 MiB fusion plan without."""
+    if overlap:
+        from mpitrain.distributed import OVERLAP_BUCKET_BYTES
+        return OVERLAP_BUCKET_BYTES
+    from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
+    return DEFAULT_THRESHOLD_BYTES
+
+
+def make_plans(models, overlap, threshold, shares, batch, threads=None):
+    """{model: plan} for the trainer with or without overlap (threshold None: its default)."""
+    threshold = default_threshold(overlap) if threshold is None else threshold
+    if not overlap:
+        return {m: fusion_plan(gradient_tensor_bytes(m), threshold) for m in models}
+    return {m: OverlapPlan(overlap_buckets(backward_layers(m, batch), threshold),
+                           backward_share(shares.get(m), batch, threads)) for m in models}
+
+
 def calibrate(points, plans, net, mu, cores):
     """Compute-time records taken from the sweep itself: each model's N=1 measured step minus
     the predicted N=1 communication (packing). Validation is then of the communication model
@@ -554,7 +794,26 @@ def _eng(seconds_per_byte):
     return "inf" if seconds_per_byte <= 0 else f"{1 / seconds_per_byte / 1e9:.2f} GB/s"
 
 
-def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None, plans=None):
+def describe_plan(plan, threshold):
+    """One line per model: bucket sizes, path (ring or MPI) and, overlapped, when each is ready."""
+    def path(nb):
+        return "ring" if nb >= threshold else "MPI"
+    if isinstance(plan, OverlapPlan):
+        return (", ".join(f"{nb / 1e6:.2f} MB ({path(nb)}, ready at {100 * r:.0f}%)"
+                          for nb, _, r in plan.buckets)
+                + f"; backward = {100 * plan.backward_share:.0f}% of compute")
+    return ", ".join(f"{nb / 1e6:.2f} MB ({path(nb)})" for nb, _ in plan)
+
+
+def _mode(plans):
+    plan = next(iter(plans.values()), None)
+    if isinstance(plan, OverlapPlan):
+        return "allreduce overlapped with backward (buckets in reverse layer order)"
+    return "allreduce after backward (fusion plan)"
+
+
+def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None, plans=None,
+                  val_plans=None):
     lines = []
     gam = fitted["gamma"]
     lines.append(f"ring fit ({fitted['ring_points']} ring + {fitted['reduce_points']} reduce "
@@ -569,10 +828,10 @@ def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None
                      f"{100 * mpi['rel_rms']:.1f}%): alpha_mpi = {mpi['alpha'] * 1e6:.2f} us, "
                      f"2beta+gamma = 1/{_eng(mpi['combined'])}; used for buckets < "
                      f"{threshold} bytes")
+    if plans:
+        lines.append(f"projection: {_mode(plans)}")
     for model in models if plans else ():
-        desc = ", ".join(f"{nb / 1e6:.2f} MB ({'ring' if nb >= threshold else 'MPI'})"
-                         for nb, _ in plans[model])
-        lines.append(f"{model} gradient buckets: {desc}")
+        lines.append(f"{model} gradient buckets: {describe_plan(plans[model], threshold)}")
     pow2 = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
             if n <= len(next(iter(next(iter(proj.values())).values()))["ranks"])]
     head = ["network", "model"] + [f"N={n}" for n in pow2]
@@ -586,7 +845,12 @@ def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None
     lines += _table(head, table, markdown)
     if rows:
         lines.append("")
-        lines.append("validation against the measured sweep (step time, all ranks on this node):")
+        lines.append("validation against the measured sweep (step time, all ranks on this node)"
+                     + (f", as the sweep ran: {_mode(val_plans)}" if val_plans else "") + ":")
+        if val_plans and plans and val_plans != plans:
+            for model in sorted({r["model"] for r in rows}):
+                lines.append(f"{model} buckets as run: "
+                             f"{describe_plan(val_plans[model], threshold)}")
         vhead = ["model", "N", "measured ms", "predicted ms", "error", "meas. comm ms",
                  "pred. comm ms"]
         vrows = [[r["model"], f"{r['ranks']}{'*' if r['oversubscribed'] else ''}",
@@ -688,7 +952,12 @@ def parse_args(argv=None):
     ap.add_argument("--link", action="append", default=[], help="BANDWIDTH,LATENCY e.g. "
                     "25Gbps,5us (repeatable)")
     ap.add_argument("--max-ranks", type=int, default=1024)
-    ap.add_argument("--fusion-threshold-bytes", type=int, default=64 * 1024 * 1024)
+    ap.add_argument("--fusion-threshold-bytes", type=int, default=None,
+                    help="bucket size (default: the trainer's, 4 MiB with overlap, 64 MiB "
+                         "without)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="model the trainer's --no-overlap: every bucket averaged after "
+                         "backward (default: allreduce overlapped with backward)")
     ap.add_argument("--compute-from", choices=("step", "scaling"), default="step",
                     help="compute time per step: the step benchmark (default), or the sweep's "
                          "N=1 points minus their packing (validates the comm model on N>=2)")
@@ -705,6 +974,12 @@ def parse_args(argv=None):
         ap.error(f"--batch-size and --max-ranks must be >= 1, got {args.batch_size}, "
                  f"{args.max_ranks}")
     return args
+
+
+def _plan_json(plan):
+    if isinstance(plan, OverlapPlan):
+        return plan.to_json()
+    return {"overlap": False, "buckets": [{"bytes": nb, "tensors": c} for nb, c in plan]}
 
 
 def main(argv=None):
@@ -727,33 +1002,43 @@ def main(argv=None):
         fitted = fit(ring_obs, reduce_obs)
         mpi = fit_mpi(timings["mpi"]) if len({o[0] for o in timings["mpi"]}) >= 2 else None
         mu = per_byte(copy_obs) if copy_obs else 0.0
-        plans = {m: fusion_plan(gradient_tensor_bytes(m), args.fusion_threshold_bytes)
-                 for m in args.model}
+        shares = load_backward_share(args.step, args.step_stat)
+        plans = make_plans(args.model, not args.no_overlap, args.fusion_threshold_bytes,
+                           shares, args.batch_size)
         threshold = args.ring_threshold_bytes
         if threshold is None:
             from mpitrain.comm.collectives import RING_THRESHOLD_BYTES as threshold
         nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
         rows, cores = [], args.cores or usable_cores()
-        points = load_scaling(args.scaling)[1] if args.scaling else []
+        sweep, points = load_scaling(args.scaling) if args.scaling else ({}, [])
+        # Like with like: predict the sweep's points as its jobs ran (their recorded flags).
+        settings = sweep_settings(sweep)
+        val_plans = plans
+        if settings is not None and (settings["overlap"] != (not args.no_overlap)
+                                     or settings["fusion_threshold_bytes"] is not None):
+            batch = int(points[0]["per_rank_batch"]) if points else args.batch_size
+            val_plans = make_plans(args.model, settings["overlap"],
+                                   settings["fusion_threshold_bytes"], shares, batch)
         if args.compute_from == "scaling":
             if not points:
                 raise ModelError("--compute-from scaling needs --scaling")
-            steps = calibrate(points, plans, nets[0], mu, cores)
+            steps = calibrate(points, val_plans, nets[0], mu, cores)
             missing = [m for m in args.model if m not in steps]
             if missing:
                 raise ModelError(f"--compute-from scaling: no N=1 point for {', '.join(missing)}")
         proj = project(args.model, steps, plans, nets, mu, args.batch_size, args.max_ranks)
-        rows = validate(points, steps, plans, nets[0], mu, cores)
+        rows = validate(points, steps, val_plans, nets[0], mu, cores)
         if args.compute_from == "scaling":
             rows = [r for r in rows if r["ranks"] > 1]
     except ModelError as e:
         print(f"perfmodel: error: {e}", file=sys.stderr)
         return 2
-    print(format_report(fitted, mu, nets, proj, rows, args.model, mpi=mpi, plans=plans))
+    print(format_report(fitted, mu, nets, proj, rows, args.model, mpi=mpi, plans=plans,
+                        val_plans=val_plans))
     if args.markdown:
         md = (f"`{shlex.join(['python'] + sys.argv)}`\n\n"
               + format_report(fitted, mu, nets, proj, rows, args.model, markdown=True,
-                                mpi=mpi, plans=plans) + "\n")
+                                mpi=mpi, plans=plans, val_plans=val_plans) + "\n")
         if args.markdown == "-":
             print("\n" + md, end="")
         else:
@@ -763,7 +1048,9 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "perfmodel", "fit": fitted, "mpi_fit": mpi, "copy_s_per_byte": mu,
            "networks": nets, "batch_per_rank": args.batch_size, "cores": cores,
-           "compute_from": args.compute_from, "fusion_plans": plans,
+           "compute_from": args.compute_from, "overlap": not args.no_overlap,
+           "fusion_plans": {m: _plan_json(p) for m, p in plans.items()},
+           "validation_plans": {m: _plan_json(p) for m, p in val_plans.items()},
            "inputs": {"allreduce": args.allreduce, "step": args.step, "scaling": args.scaling},
            "validation": rows, "projection": proj}
     (out / "perfmodel.json").write_text(json.dumps(doc) + "\n")

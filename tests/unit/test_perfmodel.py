@@ -292,3 +292,157 @@ def test_script_end_to_end(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "perfmodel: error: --link 'fast': expected BANDWIDTH,LATENCY like 25Gbps,5us"]
+
+
+# --- overlap of the allreduce with backward (the trainer's default) ------------------------------
+
+# alpha only: every bucket's allreduce takes 2 alpha at N=2, whatever its size
+SLOW = {"name": "slow", "alpha": 1e-3, "beta": 0.0, "gamma": 0.0}       # 2 ms per bucket
+
+
+def test_comm_thread_runs_buckets_in_order():
+    # hand-computed: b1 waits for b0 (ends 5), b2 waits for its ready time (8)
+    assert pm.comm_thread([1, 2, 8], [4, 1, 1]) == ([1, 5, 8], [5, 6, 9])
+    assert pm.comm_thread([], []) == ([], [])
+
+
+def test_overlap_one_bucket_fully_hidden():
+    # backward = 0.5 of 20 ms = 10 ms; the bucket is ready at 25% (2.5 ms), done at 4.5 ms
+    plan = pm.OverlapPlan([(4e6, 1, 0.25)], backward_share=0.5)
+    s = pm.overlap_schedule(0.010, plan, 2, SLOW, mu=0.0)
+    assert s["ready"] == [pytest.approx(0.0025)] and s["end"] == [pytest.approx(0.0045)]
+    assert s["backward_end"] == pytest.approx(0.010) and s["exposed"] == 0.0
+    assert pm.step_time(0.020, plan, 2, SLOW, 0.0) == (pytest.approx(0.020), 0.0)
+    assert pm.step_time(0.020, plan, 1, SLOW, 0.0) == (0.020, 0.0)        # N=1: no averaging
+
+
+def test_overlap_one_bucket_exposed():
+    # the first layer's bucket is ready only when backward ends: its whole 2 ms is exposed
+    plan = pm.OverlapPlan([(4e6, 1, 1.0)], backward_share=0.5)
+    s = pm.overlap_schedule(0.010, plan, 2, SLOW, mu=0.0)
+    assert s["start"] == [pytest.approx(0.010)] and s["exposed"] == pytest.approx(0.002)
+    step, comm = pm.step_time(0.020, plan, 2, SLOW, 0.0)
+    assert step == pytest.approx(0.022) and comm == pytest.approx(0.002)
+
+
+def test_overlap_chain_bottlenecked_by_the_comm_thread():
+    # four 4 ms buckets ready at 1, 2, 3, 4 ms of a 10 ms backward: each waits for the previous
+    # one, not for backward; they end at 5, 9, 13, 17 ms, so 7 ms stick out of backward
+    net = dict(SLOW, alpha=2e-3)
+    plan = pm.OverlapPlan([(1e6, 1, 0.1), (1e6, 1, 0.2), (1e6, 1, 0.3), (1e6, 1, 0.4)], 1.0)
+    s = pm.overlap_schedule(0.010, plan, 2, net, mu=0.0)
+    assert s["start"] == pytest.approx([0.001, 0.005, 0.009, 0.013])
+    assert s["end"] == pytest.approx([0.005, 0.009, 0.013, 0.017])
+    assert s["exposed"] == pytest.approx(0.007)
+    assert pm.step_time(0.010, plan, 2, net, 0.0)[1] == pytest.approx(0.007)
+    # without overlap the same buckets cost all 16 ms after backward
+    assert pm.step_time(0.010, [(1e6, 1)] * 4, 2, net, 0.0)[1] == pytest.approx(0.016)
+
+
+def test_overlap_copies_pack_scale_unpack():
+    # a packed bucket (2 tensors, 1 MB, mu = 1 ns/byte: 1 ms per pass): packed on the main
+    # thread when ready (5 + 1 ms), allreduce 2 ms + 1/N pass 1 ms on the comm thread (ends
+    # 9 ms), backward ends at 11 ms (10 + the pack), unpack 1 ms after: comm adds 2 ms
+    plan = pm.OverlapPlan([(1e6, 2, 0.5)], backward_share=1.0)
+    s = pm.overlap_schedule(0.010, plan, 2, SLOW, mu=1e-9)
+    assert s["ready"] == [pytest.approx(0.006)] and s["end"] == [pytest.approx(0.009)]
+    assert s["backward_end"] == pytest.approx(0.011) and s["exposed"] == 0.0
+    assert pm.step_time(0.010, plan, 2, SLOW, 1e-9)[1] == pytest.approx(0.002)
+
+
+def test_overlap_without_a_spare_core_shares_it():
+    # one core per rank: while both threads run each gets half of it (hand-computed)
+    starts, ends, bwd_end = pm.comm_thread_shared([1.0, 4.0], [1.0, 1.0], 4.0, 1.0)
+    assert (starts, ends, bwd_end) == ([1.0, 5.0], [3.0, 6.0], 5.0)
+    # a bucket ready at once: 2 + 4 s of work on one core end at 6 s, nothing is hidden
+    assert pm.comm_thread_shared([0.0], [2.0], 4.0, 1.0) == ([0.0], [4.0], 6.0)
+    # two cores per rank: the free-core simulation
+    assert pm.comm_thread_shared([1.0, 4.0], [1.0, 1.0], 4.0, 2.0)[:2] == \
+        pm.comm_thread([1.0, 4.0], [1.0, 1.0])
+    # 2 ranks on 2 cores: backward 10 ms, a 2 ms bucket ready at once -> serial, +2 ms
+    plan = pm.OverlapPlan([(4e6, 1, 0.0)], backward_share=0.5)
+    assert pm.step_time(0.020, plan, 2, SLOW, 0.0, ranks_per_node=2, cores=2)[1] == \
+        pytest.approx(0.002)
+    assert pm.step_time(0.020, plan, 2, SLOW, 0.0, ranks_per_node=2, cores=4)[1] == 0.0
+
+
+def test_overlap_buckets_reverse_order_and_ready_fractions():
+    # layers (forward order): 100 FLOPs with grads 40 + 4 bytes, a pooling layer, 300 FLOPs
+    # with 400 + 8; reversed: 8, 400 (ready at 300/400), then 4, 40 (ready at the end)
+    layers = [(100, [40, 4]), (0, []), (300, [400, 8])]
+    assert pm.overlap_buckets(layers, 50) == [(8, 1, 0.75), (400, 1, 0.75), (44, 2, 1.0)]
+    assert pm.overlap_buckets(layers, 10_000) == [(452, 4, 1.0)]
+
+
+def test_overlap_plan_matches_comm_overlap():
+    overlap = pytest.importorskip("mpitrain.comm.overlap")
+    models = pytest.importorskip("mpitrain.nn.models")
+    for name in ("mlp", "lenet"):
+        params = models.get(name).parameters()
+        specs = [(p.data.shape, p.data.dtype) for p in reversed(params)]
+        for threshold in (0, 1 << 16, 4 << 20, 64 << 20):
+            want = [b.total * 4 for b in
+                    overlap.BucketAllreduce(specs, threshold, None, {})._plan()]
+            got = pm.overlap_buckets(pm.backward_layers(name, 64), threshold)
+            assert [nb for nb, _, _ in got] == want, (name, threshold)
+            assert got[-1][2] == 1.0                  # the first layer's bucket: end of backward
+    # lenet: fc2 + fc1 bias, fc1 weight, both convs; fc1 is ~24% of the backward GEMM FLOPs
+    got = pm.overlap_buckets(pm.backward_layers("lenet", 64), 4 << 20)
+    assert [c for _, c, _ in got] == [3, 1, 4]
+    assert 0.2 < got[0][2] == got[1][2] < 0.3
+
+
+def test_sweep_settings_follow_the_recorded_flags():
+    assert pm.sweep_settings({"points": []}) is None
+    assert pm.sweep_settings({"extra": ["--threads", "1"]}) == \
+        {"overlap": True, "fusion_threshold_bytes": None}
+    assert pm.sweep_settings({"extra": ["--no-overlap"]})["overlap"] is False
+    assert pm.sweep_settings({"extra": ["--average", "weights"]})["overlap"] is False
+    assert pm.sweep_settings({"extra": ["--fusion-threshold-bytes=1024"]}) == \
+        {"overlap": True, "fusion_threshold_bytes": 1024}
+    assert pm.sweep_settings({"extra": ["--fusion-threshold-bytes", "0", "--no-overlap"]}) == \
+        {"overlap": False, "fusion_threshold_bytes": 0}
+    with pytest.raises(pm.ModelError, match="'big'"):
+        pm.sweep_settings({"extra": ["--fusion-threshold-bytes", "big"]})
+
+
+def test_backward_share_from_the_step_benchmark(tmp_path):
+    step = {"results": [{"model": "mlp", "batch": 64, "threads": 1,
+                         "best": {"step_ms": 10.0, "bwd_ms": 5.0},
+                         "median": {"step_ms": 12.0, "bwd_ms": 7.2}},
+                        {"model": "lenet", "batch": 64, "step_time_ms": 60.0}]}
+    (tmp_path / "s.json").write_text(json.dumps(step))
+    med = pm.load_backward_share(tmp_path / "s.json")
+    assert med == {"mlp": [(64, 1, pytest.approx(0.6))]}
+    assert pm.load_backward_share(tmp_path / "s.json", "best")["mlp"][0][2] == 0.5
+    assert pm.backward_share(med["mlp"], 32) == pytest.approx(0.6)
+    assert pm.backward_share(None, 64) == pm.DEFAULT_BACKWARD_SHARE
+
+
+def test_script_validates_as_the_sweep_ran(tmp_path):
+    pytest.importorskip("mpitrain.nn.models")
+    a, s = _write_inputs(tmp_path)
+    pts = [{"model": "mlp", "ranks": n, "per_rank_batch": 64, "step_time_ms": ms,
+            "comm_time_ms": 0.0} for n, ms in ((1, 21.0), (2, 30.0))]
+    outs = {}
+    for name, extra, flags in (("ov", ["--threads", "1"], []),
+                               ("no", ["--no-overlap"], []),
+                               ("no2", ["--no-overlap"], ["--no-overlap"])):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"extra": extra, "points": pts}))
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--allreduce", str(a), "--step",
+                               str(s), "--scaling", str(tmp_path / f"{name}.json"), "--model",
+                               "mlp", "--max-ranks", "8", "--no-measure", "--cores", "4",
+                               "--out", str(out)] + flags,
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr
+        outs[name] = json.loads((out / "perfmodel.json").read_text())
+    assert outs["ov"]["validation_plans"]["mlp"]["overlap"] is True
+    assert outs["no"]["validation_plans"]["mlp"]["overlap"] is False       # as the sweep ran
+    assert outs["no"]["fusion_plans"]["mlp"]["overlap"] is True            # projection: default
+    want = pm.fusion_plan(pm.gradient_tensor_bytes("mlp"), 64 << 20)       # --no-overlap
+    assert outs["no2"]["fusion_plans"]["mlp"] == {
+        "overlap": False, "buckets": [{"bytes": nb, "tensors": c} for nb, c in want]}
+    ov, no = outs["ov"]["validation"][1], outs["no"]["validation"][1]
+    assert ov["predicted_ms"] < no["predicted_ms"]         # 4 cores: the comm thread has one
+    assert no == outs["no2"]["validation"][1]
