@@ -21,11 +21,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zipfile
 
 import numpy as np
 
+from mpitrain import atomic
 from mpitrain.config import UsageError
 
 FORMAT = 1
@@ -53,36 +53,8 @@ def list_checkpoints(directory):
 
 
 def atomic_savez(path, arrays):
-    """np.savez ``arrays`` (dict name -> ndarray) to ``path`` via temp file, fsync and rename."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
-    return path
-
-
-def _fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some filesystems do not allow opening a folder; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """np.savez ``arrays`` (dict name -> ndarray) to ``path`` atomically (see atomic.py)."""
+    return atomic.write(path, lambda f: np.savez(f, **arrays), suffix=".npz")
 
 
 def save(directory, step, params, optimizer_state, meta, keep=KEEP):

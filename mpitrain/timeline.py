@@ -40,8 +40,9 @@ time of every span name -- the quick answer to "where did the step go" without a
 import json
 import os
 import sys
-import tempfile
 import time
+
+from mpitrain import atomic
 
 __all__ = ["Timeline", "current", "activate", "ENV_VAR"]
 
@@ -244,24 +245,10 @@ def merge(payloads):
 
 
 def write_trace(path, doc):
-    """Write ``doc`` as JSON to ``path`` atomically: a temp file in the same directory, fsync,
-    rename. On any failure the temp file is removed and ``path`` is left as it was."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".timeline-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write ``doc`` as JSON to ``path`` atomically (see atomic.py): on any failure ``path`` is
+    left as it was."""
+    atomic.write(path, lambda f: json.dump(doc, f, separators=(",", ":")), mode="w",
+                 prefix=".timeline-", suffix=".tmp")
 
 
 _DISABLED = Timeline(None)

@@ -26,6 +26,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from mpitrain import atomic
 from mpitrain.data.catalog import spec as _spec
 from mpitrain.data.cifar import RECORD_BYTES
 from mpitrain.data.dataset import DataError
@@ -60,18 +61,10 @@ def _progress(total, desc):
                 disable=None, leave=False)
 
 
-def _fsync_dir(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _commit(tmp_path, dest):
     """Atomically move a verified temp file onto its final name."""
     os.replace(tmp_path, dest)
-    _fsync_dir(dest.parent)
+    atomic.fsync_dir(dest.parent)
 
 
 def _temp_file(dest):
