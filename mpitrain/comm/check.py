@@ -19,6 +19,7 @@ ranks see one, all raise CollectiveError naming those ranks; if all see the same
 it as ValueError -- never one rank raising while the others wait in the next MPI call.
 """
 import hashlib
+import math
 import os
 
 import numpy as np
@@ -30,7 +31,7 @@ _MASK = (1 << 62) - 1
 _ROW = (HEADER_BYTES + INLINE_BYTES) // 8
 _send = np.zeros(_ROW, np.int64)                  # [fingerprint, unused, payload...]
 _send_payload = _send.view(np.uint8)[HEADER_BYTES:]
-_recv = {}                                        # size -> (rows (size, _ROW), payload rows)
+_recv = {}                                        # size -> _buffers(size)
 _digests = {}
 
 
@@ -81,22 +82,73 @@ def agree(comm, kind, fields, error=None, payload=None, key=None):
         return None
     desc = (kind, fields, error)
     h = fingerprint(desc, key)
-    _send[0] = h
     n = 0
     if payload is not None:
         n = payload.shape[0]
         _send_payload[:n] = payload
+    rows, column, payload_rows = _buffers(size)
+    _exchange(comm, h, rows, column, desc)
+    if error is not None:
+        raise ValueError(error)
+    return None if payload is None else payload_rows[:, :n]
+
+
+class Prepared:
+    """One collective's agreement, prepared once for calls that repeat with the same arguments.
+
+    The fingerprint and the typed views of the payload (in the send buffer, and in every rank's
+    received row) are computed here, so a steady-state call is: write ``send``, call the object
+    (one Allgather, one comparison), read the returned rows -- no description, no hashing, no
+    slicing (collectives.py caches one per small allreduce). Same message, same fingerprint as
+    ``agree`` with the same fields, so ranks may mix both paths. Needs ``usable(comm)``.
+
+    payload: (dtype, shape) of the inline payload, at most INLINE_BYTES, or None.
+    """
+    __slots__ = ("comm", "desc", "h", "rows", "column", "send", "received")
+
+    def __init__(self, comm, kind, fields, key=None, payload=None):
+        self.comm, size = comm, comm.Get_size()
+        self.desc = (kind, fields, None)
+        self.h = fingerprint(self.desc, key)
+        self.rows, self.column, payload_rows = _buffers(size)
+        self.send = self.received = None
+        if payload is not None:
+            dtype, shape = np.dtype(payload[0]), tuple(payload[1])
+            nbytes = dtype.itemsize * math.prod(shape)
+            self.send = _send_payload[:nbytes].view(dtype).reshape(shape)          # shape
+            self.received = payload_rows[:, :nbytes].view(dtype).reshape(
+                (size,) + shape)                                                # (size,) + shape
+
+    def __call__(self):
+        """Exchange; returns every rank's payload (valid until the next check) or None."""
+        _exchange(self.comm, self.h, self.rows, self.column, self.desc)
+        return self.received
+
+
+def usable(comm):
+    """Whether agreements on ``comm`` exchange messages (else ``agree`` returns None)."""
+    return enabled and comm.Get_size() > 1
+
+
+def _buffers(size):
+    """Receive buffers for ``size`` ranks: rows (size, _ROW) int64, their fingerprint column
+    (size,) and their payload bytes (size, INLINE_BYTES)."""
     bufs = _recv.get(size)
     if bufs is None:
         rows = np.empty((size, _ROW), np.int64)
-        bufs = _recv[size] = (rows, rows.view(np.uint8)[:, HEADER_BYTES:])
-    comm.Allgather(_send, bufs[0])
+        bufs = _recv[size] = (rows, rows[:, 0], rows.view(np.uint8)[:, HEADER_BYTES:])
+    return bufs
+
+
+def _exchange(comm, h, rows, column, desc):
+    """Every collective's first MPI call: fixed-size, whatever the collective and arguments, so
+    ranks that disagree still make matching calls and learn it instead of blocking."""
+    _send[0] = h
+    comm.Allgather(_send, rows)
     # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
-    if bufs[0][:, 0].tolist().count(h) != size:
+    fingerprints = column.tolist()
+    if fingerprints.count(h) != len(fingerprints):
         raise CollectiveError(_explain(comm.allgather(desc)))
-    if error is not None:
-        raise ValueError(error)
-    return None if payload is None else bufs[1][:, :n]
 
 
 def _explain(descs):

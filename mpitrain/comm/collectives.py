@@ -1,9 +1,10 @@
 """Horovod-style collectives on NumPy arrays: allreduce (our ring), allgather, broadcast, ...
 
 Every collective does the same three things: validate its arguments locally, agree with the other
-ranks on them (check.agree: one 16-byte MPI_Allreduce; a mismatch raises CollectiveError on every
-rank), then move data. Only allreduce has its own algorithm (ring.py); the others call MPI's
-variable-count collectives on raw bytes, which is also why every dtype works with them.
+ranks on them (check.agree: one fixed-size MPI_Allgather of a fingerprint; a mismatch raises
+CollectiveError on every rank), then move data. Only allreduce has its own algorithm (ring.py);
+the others call MPI's variable-count collectives on raw bytes, which is also why every dtype works
+with them.
 
 Allreduce path:
 - up to check.INLINE_BYTES (4 KiB) the data travels inside the agreement check's own fixed-size
@@ -19,6 +20,7 @@ Allreduce path:
   ring reuses its scratch. Integers follow the same rule: MPI's integer sums wrap exactly like
   our Numba kernels, so both paths give identical integers;
 - ``MPITRAIN_ALLREDUCE=ring|mpi`` forces one path (comparisons, debugging).
+These settings are read once, at mt.init(), and must be the same on every rank (configure).
 Average is Sum followed by a scale of postscale_factor/N; prescale_factor multiplies the input
 first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
 
@@ -38,8 +40,12 @@ from mpitrain.comm.fusion import FusionBuffer, check_threshold
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels.cpu import reduce_into
 
-RING_THRESHOLD_BYTES = int(os.environ.get("MPITRAIN_RING_THRESHOLD", 32 << 20))
-SUBCHUNK_BYTES = int(os.environ.get("MPITRAIN_RING_SUBCHUNK", 1 << 20))
+# Settings: read from the environment at mt.init() and agreed across ranks (configure).
+ALGORITHM = "auto"                  # MPITRAIN_ALLREDUCE: auto (threshold) | ring | mpi
+RING_THRESHOLD_BYTES = 32 << 20     # MPITRAIN_RING_THRESHOLD
+SUBCHUNK_BYTES = 1 << 20            # MPITRAIN_RING_SUBCHUNK
+_SETTINGS = ("MPITRAIN_ALLREDUCE", "MPITRAIN_RING_THRESHOLD", "MPITRAIN_RING_SUBCHUNK",
+             "MPITRAIN_CHECK")
 DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
                                      "float16", "float32", "float64"))
 _DTYPE_SET = frozenset(DTYPES)              # hashed lookup: cheaper than 8 dtype comparisons
@@ -69,15 +75,44 @@ def _reset():
     """Drop persistent buffers (called by world.shutdown)."""
     global _fusion
     _scratch.clear()
+    _plans.clear()
     _fusion = None
 
 
-def algorithm():
-    """'auto' (threshold), 'ring' or 'mpi', from MPITRAIN_ALLREDUCE (read on every call)."""
-    algo = os.environ.get("MPITRAIN_ALLREDUCE", "auto").lower() or "auto"
+def configure(comm):
+    """Read the settings above (and check.py's MPITRAIN_CHECK) from the environment; mt.init()
+    calls this once. Ranks launched with different values would take different paths and make
+    unmatched MPI calls, so the raw values are compared first (one pickled allgather, whatever
+    MPITRAIN_CHECK says) and a difference is a CollectiveError on every rank; a bad value is
+    then the same ValueError everywhere."""
+    global ALGORITHM, RING_THRESHOLD_BYTES, SUBCHUNK_BYTES
+    env = tuple(os.environ.get(k) for k in _SETTINGS)
+    envs = comm.allgather(env) if comm.Get_size() > 1 else [env]
+    differ = [f"{k} differs across ranks: {check._fmt(check._group([e[i] for e in envs]))}"
+              for i, k in enumerate(_SETTINGS) if len({e[i] for e in envs}) > 1]
+    if differ:
+        raise check.CollectiveError("mt.init: " + "; ".join(differ))
+    algo, threshold, subchunk, enabled = env
+    algo = (algo or "auto").lower()
     if algo not in ("auto", "ring", "mpi"):
         raise ValueError(f"MPITRAIN_ALLREDUCE={algo!r}: expected ring, mpi or auto")
-    return algo
+    threshold = _env_bytes("MPITRAIN_RING_THRESHOLD", threshold, 32 << 20, 0)
+    subchunk = _env_bytes("MPITRAIN_RING_SUBCHUNK", subchunk, 1 << 20, 1)
+    ALGORITHM, RING_THRESHOLD_BYTES, SUBCHUNK_BYTES = algo, threshold, subchunk
+    check.enabled = enabled != "0"
+    _plans.clear()                            # plans hold the path they were made for
+
+
+def _env_bytes(name, text, default, minimum):
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer number of bytes") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
 
 
 # --- the allreduce engine (flat, contiguous, in place) -------------------------------------------
@@ -92,7 +127,7 @@ def _allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
     if prescale != 1.0:
         _scale(flat, prescale)
     kind = _reduce_kind(op)
-    algo = algorithm()
+    algo = ALGORITHM
     use_ring = (flat.dtype == np.float16 or algo == "ring"
                 or (algo == "auto" and flat.nbytes >= RING_THRESHOLD_BYTES))
     if comm.Get_size() > 1 and flat.size:
@@ -199,6 +234,10 @@ def _reduce_args(kind, op, prescale, postscale):
 
 def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``x`` across ranks; returns a new array (same shape and dtype) on every rank."""
+    if x.__class__ is np.ndarray and x.flags.c_contiguous:
+        plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+        if plan is not None:
+            return plan.run(x, None)
     if _on_device(x):
         return _device("allreduce")(x, op=op, name=name, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor)
@@ -210,6 +249,12 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
 
 def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce; returns ``x``."""
+    if x.__class__ is np.ndarray:
+        flags = x.flags
+        if flags.c_contiguous and flags.writeable:
+            plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+            if plan is not None:
+                return plan.run(x, x)
     if _on_device(x):
         return _device("allreduce_")(x, op=op, name=name, prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor)
@@ -219,8 +264,9 @@ def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1
 
 
 def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
+    op_arg, pre_arg, post_arg = op, prescale, postscale
     op, pre, post, fields, err2 = _reduce_args(kind, op, prescale, postscale)
-    algo = algorithm()
+    algo = ALGORITHM
     fields.update(name=name, shape=None if a is None else a.shape,
                   dtype=None if a is None else a.dtype.str, path=algo)
     error = err or err2
@@ -231,7 +277,8 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
               and flat.nbytes <= check.INLINE_BYTES)
     key = None if error else ("allreduce", op.value, a.shape, a.dtype.char, name, pre, post,
                               algo)
-    rows = check.agree(world.comm(), "allreduce", fields, error,
+    comm = world.comm()
+    rows = check.agree(comm, "allreduce", fields, error,
                        flat.view(np.uint8) if inline else None, key)
     if rows is not None:
         _reduce_rows(flat, rows, _reduce_kind(op))
@@ -242,7 +289,90 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
         _allreduce_flat(flat, op, pre, post)
     if src is not out:
         out[...] = src
+    if check.usable(comm) and len(_plans) < _MAX_PLANS:
+        plan_key = _plan_key(a, op_arg, name, pre_arg, post_arg, algo)
+        if plan_key is not None:
+            _plans[plan_key] = _Plan(comm, fields, key, a, op, pre, post, inline)
     return out
+
+
+# --- steady state: repeated allreduce calls ------------------------------------------------------
+
+_MAX_PLANS = 1024
+_plans = {}                 # _plan_key(...) -> _Plan
+
+
+def _plan_key(a, op, name, prescale, postscale, algo):
+    """What must be equal for a call to repeat an earlier one; None for unhashable arguments.
+
+    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0.
+    """
+    key = (a.shape, a.dtype, op, name, prescale, prescale.__class__, postscale,
+           postscale.__class__, algo)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan_for(x, op, name, prescale, postscale):
+    try:
+        return _plans.get((x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
+                           postscale.__class__, ALGORITHM))
+    except TypeError:                                   # e.g. an unhashable name: no plan
+        return None
+
+
+class _Plan:
+    """An allreduce whose arguments were validated by an earlier identical call.
+
+    The first call with given (shape, dtype, op, name, factors, path) takes the general path
+    above and leaves one of these behind; later identical calls skip argument handling and
+    description building: the agreement is prepared (check.Prepared: same fingerprint, same
+    message), and a small array is copied straight into the agreement's message and reduced
+    from the received rows in rank order. This is what brings the 4 KiB allreduce near MPI's
+    own latency (docs/benchmarks.md). Results are the same bits as the general path's.
+    """
+    __slots__ = ("agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor", "scale")
+
+    def __init__(self, comm, fields, key, a, op, pre, post, inline):
+        self.agreement = check.Prepared(comm, "allreduce", dict(fields), key,
+                                        (a.dtype, a.shape) if inline else None)
+        self.send = self.agreement.send                                 # a.shape, or None
+        received = self.agreement.received                              # (size,) + shape
+        # received[r, ...]: a view even for 0-d rows (iterating would copy them as scalars)
+        self.rows = None if received is None else tuple(received[r, ...]
+                                                        for r in range(len(received)))
+        self.op, self.pre, self.post = op, pre, post
+        self.ufunc = _UFUNCS[_reduce_kind(op)]
+        factor = post / comm.Get_size() if op is Average else post
+        self.scale = factor != 1.0
+        # A float array times a Python float computes in the array's dtype (NEP 50), exactly as
+        # times that dtype's scalar, which NumPy takes faster; integers scale in float64 (_scale).
+        self.factor = a.dtype.type(factor) if a.dtype.kind == "f" else factor
+
+    def run(self, x, out):
+        """x: C-contiguous input; out: x itself (in place) or None (a new array)."""
+        send = self.send
+        if send is None:
+            out = x.copy() if out is None else out
+            self.agreement()
+            _allreduce_flat(out.reshape(-1), self.op, self.pre, self.post)
+            return out
+        send[...] = x
+        self.agreement()
+        rows, ufunc = self.rows, self.ufunc                             # rows: views of (size,)
+        out = np.empty(x.shape, x.dtype) if out is None else out
+        ufunc(rows[0], rows[1], out=out)
+        for row in rows[2:]:
+            ufunc(out, row, out=out)
+        if self.scale:
+            if out.dtype.kind == "f":
+                np.multiply(out, self.factor, out=out)
+            else:
+                _scale(out, self.factor)
+        return out
 
 
 def _reduce_rows(flat, rows, kind):

@@ -80,7 +80,14 @@ def init(comm=None):
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ValueError(f"init(comm=...) needs an mpi4py communicator, got {comm!r}")
-        _state = _World(comm)
+        state = _World(comm)
+        try:
+            from mpitrain.comm import collectives       # imports this module: import here
+            collectives.configure(comm)                 # env settings, agreed across ranks
+        except Exception:
+            state.free()
+            raise
+        _state = state
 
 
 def shutdown():

@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
+from mpitrain.comm import collectives
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
@@ -67,7 +68,7 @@ def assert_same_on_all_ranks(x):
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_every_op_dtype_length(dtype, op, path, monkeypatch):
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
     for n in LENGTHS:
         inputs = [rank_input(r, n, dtype, op) for r in range(N)]
         got = mt.allreduce(inputs[R], op=op)
@@ -101,7 +102,7 @@ def test_allreduce_out_of_place_leaves_input():
 
 @pytest.mark.parametrize("path", ["ring", "mpi"])
 def test_prescale_postscale(path, monkeypatch):
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
     inputs = [rank_input(r, 50, "float64", mt.Sum) for r in range(N)]
     for op in (mt.Sum, mt.Average):
         got = mt.allreduce(inputs[R], op=op, prescale_factor=0.5, postscale_factor=3.0)
@@ -119,7 +120,7 @@ def test_integer_average_truncates_like_numpy():
 
 @pytest.mark.parametrize("path", ["ring", "mpi"])
 def test_non_contiguous_inputs(path, monkeypatch):
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
     base = np.arange(60, dtype=np.float32).reshape(6, 10) * (R + 1)  # (6, 10)
     want = np.arange(60, dtype=np.float32).reshape(6, 10) * (N * (N + 1) / 2)
     np.testing.assert_array_equal(mt.allreduce(base[:, ::3], op=mt.Sum), want[:, ::3])
@@ -141,7 +142,6 @@ def test_shapes_and_scalars():
 
 
 def test_auto_path_around_the_threshold(monkeypatch):
-    from mpitrain.comm import collectives
     monkeypatch.setattr(collectives, "RING_THRESHOLD_BYTES", 64 * 1024)   # keep the test small
     for n in (1023, 1025, 16383, 16385):                                 # inline, MPI, ring
         inputs = [rank_input(r, n, "float32", mt.Max) for r in range(N)]
@@ -149,7 +149,7 @@ def test_auto_path_around_the_threshold(monkeypatch):
 
 
 def test_large_ring_over_a_million(monkeypatch):
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "ring")
+    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
     n = 1_000_003
     x = ((np.arange(n) % 5) * (R + 1)).astype(np.float32)             # (n,)
     got = mt.allreduce(x, op=mt.Sum)
@@ -169,7 +169,7 @@ def test_ops_accept_strings_and_ranks_are_consistent():
 def test_ring_steady_state_allocates_no_buffer(monkeypatch):
     """After the first call (scratch, JIT) a 4 MB ring allreduce allocates no array at all."""
     import tracemalloc
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "ring")
+    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
     x = np.full(1 << 20, R, np.float32)                                 # (1M,) 4 MB
     mt.allreduce_(x, op=mt.Max)
     tracemalloc.start()
@@ -185,8 +185,7 @@ def test_ring_steady_state_allocates_no_buffer(monkeypatch):
 @pytest.mark.parametrize("dtype", ["int16", "float16", "float64"])
 def test_ring_with_many_small_subchunks(dtype, monkeypatch):
     """Tiny sub-chunks: many pipelined messages per step, double-buffered scratch reuse."""
-    from mpitrain.comm import collectives
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "ring")
+    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
     monkeypatch.setattr(collectives, "SUBCHUNK_BYTES", 24)
     monkeypatch.setattr(collectives, "_scratch", {})
     for n in (5, 97, 1000):
@@ -195,3 +194,55 @@ def test_ring_with_many_small_subchunks(dtype, monkeypatch):
             got = mt.allreduce(inputs[R], op=op)
             assert_matches(got, numpy_oracle(inputs, op))
             assert_same_on_all_ranks(got)
+
+
+# --- steady state: repeated calls reuse a validated plan (collectives._Plan) ---------------------
+
+@pytest.mark.parametrize("path", ["auto", "mpi", "ring"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repeated_calls_match_the_first(dtype, path, monkeypatch):
+    """The second identical call takes the cached plan: same bits as the general path, in place
+    and out of place, for every op, small (inline) and larger (MPI/ring) sizes."""
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
+    monkeypatch.setattr(collectives, "_plans", {})
+    for n, shape in ((0, (0,)), (1, ()), (7, (7,)), (12, (3, 4)), (1024, (1024,)),
+                     (3000, (3000,))):
+        for op in OPS:
+            first = [rank_input(r, n, dtype, op, seed=0).reshape(shape) for r in range(N)]
+            inputs = [rank_input(r, n, dtype, op, seed=1).reshape(shape) for r in range(N)]
+            mt.allreduce(first[R], op=op, postscale_factor=0.5)           # leaves a plan
+            planned = mt.allreduce(inputs[R], op=op, postscale_factor=0.5)
+            x = inputs[R].copy()
+            assert mt.allreduce_(x, op=op, postscale_factor=0.5) is x
+            collectives._plans.clear()
+            general = mt.allreduce(inputs[R], op=op, postscale_factor=0.5)
+            assert planned.shape == x.shape == general.shape == shape
+            assert planned.tobytes() == x.tobytes() == general.tobytes(), (n, op)
+            assert inputs[R].tobytes() == rank_input(R, n, dtype, op, 1).tobytes()  # untouched
+            assert_matches(planned, numpy_oracle(inputs, op, 1.0, 0.5))
+    assert bool(collectives._plans) == (N > 1), "plans exist exactly when there is a check"
+
+
+@pytest.mark.skipif(N == 1, reason="a mismatch needs two ranks")
+def test_cached_plan_still_detects_a_mismatch():
+    """Rank 0 repeats a cached call while the others change shape: CollectiveError everywhere."""
+    x = np.ones(8, np.float32)
+    mt.allreduce(x)
+    mt.allreduce(x)                                                   # plan cached everywhere
+    y = x if R == 0 else np.ones(9, np.float32)
+    with pytest.raises(mt.CollectiveError, match="shape differs"):
+        mt.allreduce(y)
+    np.testing.assert_array_equal(mt.allreduce(x, op=mt.Sum), np.full(8, N))
+
+
+def test_plan_never_accepts_what_the_general_path_rejects():
+    x = np.ones(4)
+    mt.allreduce(x, prescale_factor=1.0)
+    mt.allreduce(x, prescale_factor=1.0)
+    with pytest.raises(ValueError, match="prescale_factor=True is not a number"):
+        mt.allreduce(x, prescale_factor=True)                          # True == 1.0 as a key
+    read_only = np.ones(4)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        mt.allreduce_(read_only)
+    mt.allreduce(x, name=["unhashable"])                               # no plan, still works

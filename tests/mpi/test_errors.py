@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
+from mpitrain.comm import collectives
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
@@ -36,7 +37,7 @@ def others():
 @multi
 @pytest.mark.parametrize("path", ["ring", "mpi"])
 def test_shape_mismatch_same_count(path, monkeypatch):
-    monkeypatch.setenv("MPITRAIN_ALLREDUCE", path)
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
     x = np.zeros((4,) if R == 0 else (2, 2), np.float32)
     raises_everywhere(lambda: mt.allreduce(x), "shape differs", "(4,) on ranks [0]",
                       f"(2, 2) on ranks {others()}")
@@ -58,14 +59,34 @@ def test_length_dtype_op_scale_mismatch():
 
 
 @multi
-def test_allreduce_path_env_mismatch(monkeypatch):
-    def call():
-        monkeypatch.setenv("MPITRAIN_ALLREDUCE", "mpi" if R == 0 else "ring")
-        try:
-            mt.allreduce(np.zeros(3))
-        finally:
-            monkeypatch.delenv("MPITRAIN_ALLREDUCE")
-    raises_everywhere(call, "path differs", "'mpi' on ranks [0]")
+def test_settings_env_mismatch_at_init(monkeypatch):
+    """Ranks launched with different MPITRAIN_ALLREDUCE would take different paths: init says so."""
+    saved = (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES, collectives.SUBCHUNK_BYTES)
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "mpi" if R == 0 else "ring")
+    monkeypatch.setenv("MPITRAIN_RING_SUBCHUNK", "4096")
+    raises_everywhere(lambda: collectives.configure(MPI.COMM_WORLD),
+                      "mt.init: MPITRAIN_ALLREDUCE differs across ranks", "'mpi' on ranks [0]",
+                      f"'ring' on ranks {others()}")
+    assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES,
+            collectives.SUBCHUNK_BYTES) == saved                       # nothing half-applied
+
+
+def test_settings_bad_value_at_init(monkeypatch):
+    saved = collectives.RING_THRESHOLD_BYTES
+    monkeypatch.setenv("MPITRAIN_RING_THRESHOLD", "lots")
+    with pytest.raises(ValueError, match="MPITRAIN_RING_THRESHOLD='lots' is not an integer"):
+        collectives.configure(MPI.COMM_WORLD)
+    assert collectives.RING_THRESHOLD_BYTES == saved
+    monkeypatch.setenv("MPITRAIN_RING_THRESHOLD", "1024")
+    monkeypatch.setenv("MPITRAIN_ALLREDUCE", "RING")
+    try:
+        collectives.configure(MPI.COMM_WORLD)
+        assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES) == ("ring", 1024)
+    finally:
+        monkeypatch.delenv("MPITRAIN_RING_THRESHOLD")
+        monkeypatch.delenv("MPITRAIN_ALLREDUCE")
+        collectives.configure(MPI.COMM_WORLD)
+    assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES) == ("auto", saved)
 
 
 @multi

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import mpitrain as mt
+from mpitrain.comm import collectives
 from test_allreduce import DTYPES, OPS, assert_matches, numpy_oracle, rank_input
 
 N = MPI.COMM_WORLD.Get_size()
@@ -22,15 +23,14 @@ SETTINGS = settings(max_examples=25, derandomize=True, database=None, deadline=N
        dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
        path=st.sampled_from(["auto", "ring", "mpi"]), seed=st.integers(0, 1000))
 def test_allreduce_matches_oracle(shape, dtype, op, path, seed):
-    import os
-    os.environ["MPITRAIN_ALLREDUCE"] = path
+    saved, collectives.ALGORITHM = collectives.ALGORITHM, path
     try:
         n = int(np.prod(shape))
         inputs = [rank_input(r, n, dtype, op, seed).reshape(shape) for r in range(N)]
         got = mt.allreduce(inputs[R], op=op)
         assert_matches(got, numpy_oracle(inputs, op))
     finally:
-        del os.environ["MPITRAIN_ALLREDUCE"]
+        collectives.ALGORITHM = saved
 
 
 @SETTINGS
