@@ -305,10 +305,11 @@ _plans = {}                 # _plan_key(...) -> _Plan
 def _plan_key(a, op, name, prescale, postscale, algo):
     """What must be equal for a call to repeat an earlier one; None for unhashable arguments.
 
-    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0.
+    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0;
+    plans exist only while the check runs (the last item: ``check.enabled`` at lookup).
     """
     key = (a.shape, a.dtype, op, name, prescale, prescale.__class__, postscale,
-           postscale.__class__, algo)
+           postscale.__class__, algo, True)
     try:
         hash(key)
     except TypeError:
@@ -319,7 +320,7 @@ def _plan_key(a, op, name, prescale, postscale, algo):
 def _plan_for(x, op, name, prescale, postscale):
     try:
         return _plans.get((x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
-                           postscale.__class__, ALGORITHM))
+                           postscale.__class__, ALGORITHM, check.enabled))
     except TypeError:                                   # e.g. an unhashable name: no plan
         return None
 

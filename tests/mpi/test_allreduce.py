@@ -246,3 +246,16 @@ def test_plan_never_accepts_what_the_general_path_rejects():
     with pytest.raises(ValueError, match="writeable"):
         mt.allreduce_(read_only)
     mt.allreduce(x, name=["unhashable"])                               # no plan, still works
+
+
+def test_plans_step_aside_when_the_check_is_off(monkeypatch):
+    """With the agreement off (MPITRAIN_CHECK=0) a cached plan must not exchange any more."""
+    from mpitrain.comm import check
+    x = np.full(16, R + 1.0, np.float32)
+    mt.allreduce(x, op=mt.Sum)
+    mt.allreduce(x, op=mt.Sum)
+    monkeypatch.setattr(check, "enabled", False)
+    sent = []
+    monkeypatch.setattr(check, "_exchange", lambda *args: sent.append(args))
+    np.testing.assert_array_equal(mt.allreduce(x, op=mt.Sum), np.full(16, N * (N + 1) / 2))
+    assert sent == []
