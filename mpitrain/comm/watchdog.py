@@ -1,0 +1,411 @@
+"""Stall watchdog: a rank kept waiting in a collective names the ranks that never arrived.
+
+When one rank never reaches a collective (it skipped an allreduce, loops, or is deadlocked in
+Python), the others block in MPI with nothing on screen. Every collective's first MPI call is
+the fixed-size Allgather of ``check.agree``, so that call alone is watched. Around it check.py
+calls ``enter(desc)`` and ``leave()``: a counter increment and two stores to module globals --
+about 0.1 us a collective (0.18 us with a ``time.monotonic()`` per call, which is why there is
+none), no lock, no MPI call. The description (kind, fields, ...) is kept by reference; its
+``name`` field is looked up only when someone asks. The clock is read by the thread instead: an
+agreement is timed from the first tick that sees it, so waits are under-counted by at most one
+tick (<= 1 s, against a 60 s default warning).
+Nothing else happens on the hot path; all the rest is in one daemon thread per rank.
+
+Protocol (the thread wakes every ``tick = min(1 s, warning/4)``):
+
+1. It answers queries. Queries and answers travel on a private duplicate of the communicator
+   (``Dup``, tags QUERY_TAG / REPLY_TAG), so they can never match a message of the user or of a
+   collective. Incoming messages are found with ``Improbe`` and received as matched messages
+   (``Message.Irecv``): no receive stays posted, so there is nothing to cancel at shutdown and
+   nothing for the training thread's MPI progress to match against. An answer is this rank's
+   state: the number of its last collective, and whether it is inside it (kind, name, seconds).
+2. When this rank has been inside the same collective #k for ``MPITRAIN_STALL_WARNING`` seconds
+   (default 60), it sends a query to every other rank and collects answers for at most
+   ``answer_timeout_s`` (2 s), answering other ranks' queries meanwhile (the waiting ranks all
+   ask at about the same time). Ranks inside #k (same kind) are present; every other rank is
+   missing, with what it said ("not in a collective, last #k-1", "in broadcast #k for 3 s") or
+   "no answer" (a thread that never gets the GIL, a dead process, a rank with the watchdog
+   off). The lowest present rank prints ONE line to stderr, again at most every warning period
+   while the stall lasts::
+
+       mpitrain: stalled for 60 s in allreduce 'grad.fc1' (collective #512) on ranks [0, 2];
+       missing ranks [1] (rank 1: not in a collective, last #511)
+
+3. With ``MPITRAIN_STALL_SHUTDOWN=S`` (default 0: never) a rank stalled for S seconds prints
+   that line and calls ``MPI.COMM_WORLD.Abort(1)``, like Horovod's
+   HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: the training thread is blocked inside MPI and cannot
+   raise, so ending the job is the only way out. ``MPITRAIN_STALL_WARNING=0`` turns everything
+   off (no thread). The variables should match across ranks; if they do not, nothing hangs:
+   a rank without the thread is reported as "no answer".
+
+One record per process, not per thread: check.agree shares its send and receive buffers, and the
+collectives of one communicator must be issued in the same order on every rank, so at most one
+agreement is in flight per process, whichever thread calls it. overlap.py's comm thread calls
+no agreement at all (its plan is agreed once, on the caller's thread, and the caller makes no
+MPI call while buckets are in flight), so the record is always the one agreement running. The
+tuple is replaced by one store (atomic under the GIL): the thread reads a consistent snapshot
+without a lock. The sequence number counts agreements, which every rank makes in the same order,
+so "#k" names the same collective on every rank.
+
+MPI from two threads needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; the ``mpich`` wheel
+grants it). Below that the thread still detects the stall on its own rank and prints the line
+(and aborts after S seconds), but asks no one: "missing ranks unknown". The thread only makes
+non-blocking calls (Improbe, Irecv, Isend, Test), stops at ``world.shutdown()`` or at exit
+(before mpi4py's MPI_Finalize), and frees its requests and the duplicate communicator.
+Limit: only the agreement is watched; a rank that stalls in a collective's data phase (after
+every rank has agreed), or in overlap's bucket allreduces, is reported by the others only once
+they wait in a later agreement.
+"""
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections import namedtuple
+
+from mpi4py import MPI
+
+QUERY_TAG = 0x5741
+REPLY_TAG = 0x5742
+ANSWER_TIMEOUT_S = 2.0
+_NAME_CHARS = 80          # names are cut to this in answers: messages stay small (eager)
+
+_monotonic = time.monotonic
+_seq = 0                  # agreements entered by this process (the same count on every rank)
+_current = None           # the description of the agreement in flight, else None
+_round = 0                # query ids, never reset: a late answer never matches a newer query
+_watchdog = None
+_lock = threading.Lock()
+
+Stall = namedtuple("Stall", "rank seq kind name waited_s present missing details line")
+Stall.__doc__ = """One stall report: this rank has waited ``waited_s`` in collective #seq.
+
+present: ranks inside the same collective (this one included), or None when no one was asked;
+missing: the other ranks; details: rank -> what it answered ("no answer" when it did not).
+"""
+
+
+# --- hot path (called by check.agree around its Allgather) ------------------------------------
+
+def enter(desc):
+    """This process enters an agreement; desc: (kind, fields dict or None, ...) as in check.py."""
+    global _seq, _current
+    _seq += 1
+    _current = desc
+
+
+def leave():
+    """The agreement entered last is over."""
+    global _current
+    _current = None
+
+
+def current():
+    """(seq, kind, name) of the agreement in flight, or None."""
+    seq, desc = _snapshot()
+    return None if desc is None else (seq, *_what(desc))
+
+
+def _snapshot():
+    """(seq, desc or None), a consistent pair: ``enter`` may run on another thread between the
+    two reads, and then the counter has moved; the pair is reported as not in flight (the next
+    tick sees it again if it really is stuck)."""
+    seq = _seq
+    desc = _current
+    return (seq, desc) if _seq == seq else (seq, None)
+
+
+def _what(desc):
+    """(kind, name or None) of a description."""
+    fields = desc[1] if len(desc) > 1 else None
+    return str(desc[0]), fields.get("name") if isinstance(fields, dict) else None
+
+
+def sequence():
+    """Number of agreements this process has entered."""
+    return _seq
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+def settings(env=None):
+    """(warning_s, shutdown_s) from MPITRAIN_STALL_WARNING (60) and MPITRAIN_STALL_SHUTDOWN (0)."""
+    env = os.environ if env is None else env
+    return (_seconds(env, "MPITRAIN_STALL_WARNING", 60.0),
+            _seconds(env, "MPITRAIN_STALL_SHUTDOWN", 0.0))
+
+
+def _seconds(env, key, default):
+    text = env.get(key, "")
+    if not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{key}={text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{key}={text!r} must be >= 0 seconds (0 turns it off)")
+    return value
+
+
+# --- start / stop -----------------------------------------------------------------------------
+
+def start(comm, warning_s=None, shutdown_s=None, report=None, answer_timeout_s=ANSWER_TIMEOUT_S,
+          abort=None):
+    """Start this rank's watchdog on ``comm`` (collective: every rank of comm calls it).
+
+    warning_s / shutdown_s: None reads the environment (settings()). report(stall): called on
+    the watchdog thread with every Stall found (default: the lowest present rank prints
+    ``stall.line`` to stderr). abort(stall): called after shutdown_s (default: print the line,
+    MPI.COMM_WORLD.Abort(1)). The communicator is duplicated whenever it has more than one rank,
+    even with the watchdog off, so ranks whose settings differ still make the same MPI calls.
+    """
+    global _watchdog
+    stop()
+    if comm.Get_size() == 1:
+        return
+    dup = comm.Dup()
+    try:
+        env_warning, env_shutdown = settings()
+    except ValueError:
+        dup.Free()
+        raise
+    warning_s = env_warning if warning_s is None else float(warning_s)
+    shutdown_s = env_shutdown if shutdown_s is None else float(shutdown_s)
+    with _lock:
+        _watchdog = _Watchdog(dup, warning_s, shutdown_s, report or _print_report,
+                              answer_timeout_s, abort or _abort)
+        _watchdog.start()
+
+
+def stop():
+    """Stop the thread, release its requests and its communicator; no-op when not running."""
+    global _watchdog
+    with _lock:
+        w, _watchdog = _watchdog, None
+    if w is not None:
+        w.stop()
+
+
+def running():
+    """True while a watchdog thread is running in this process."""
+    w = _watchdog
+    return w is not None and w.thread is not None and w.thread.is_alive()
+
+
+atexit.register(stop)     # before mpi4py's MPI_Finalize, while threads may still call MPI
+
+
+# --- the thread -------------------------------------------------------------------------------
+
+class _Watchdog:
+    def __init__(self, comm, warning_s, shutdown_s, report, answer_timeout_s, abort):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.warning_s = warning_s
+        self.shutdown_s = shutdown_s
+        self.report = report
+        self.abort = abort
+        self.answer_timeout_s = answer_timeout_s
+        self.ask = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        limits = [s for s in (warning_s, shutdown_s) if s > 0]
+        self.tick = min([1.0] + [s / 4 for s in limits])
+        self.requests = []            # (request, buffer) of sends and receives in flight
+        self.last = (None, 0.0)       # (seq, time) of the last report
+        self.seen = (None, 0.0)       # (seq, time this thread first saw it in flight)
+        self.halt = threading.Event()
+        self.thread = None
+
+    def start(self):
+        if self.warning_s > 0:
+            self.thread = threading.Thread(target=self._run, name="mpitrain-watchdog",
+                                           daemon=True)
+            self.thread.start()
+
+    def stop(self):
+        self.halt.set()
+        if self.thread is not None:
+            self.thread.join(self.tick + self.answer_timeout_s + 5)
+            if self.thread.is_alive():        # stuck inside MPI: leave its communicator alone
+                sys.stderr.write("mpitrain: stall watchdog did not stop; not freeing it\n")
+                return
+        if MPI.Is_finalized():
+            return
+        self._close()
+        self.comm.Free()
+
+    def _run(self):
+        try:
+            while not self.halt.wait(self.tick):
+                if MPI.Is_finalized():
+                    return
+                if self.ask:
+                    self._answer()
+                    self._reap()
+                self._check()
+        except Exception as exc:  # noqa: BLE001 - a monitor must never take the job down
+            sys.stderr.write(f"mpitrain: stall watchdog stopped: {exc!r}\n")
+
+    def _observe(self):
+        """(seq, desc or None, seconds inside it): the agreement in flight, timed from the
+        first time this thread saw it."""
+        seq, desc = _snapshot()
+        now = _monotonic()
+        if desc is None:
+            self.seen = (None, now)
+            return seq, None, 0.0
+        if self.seen[0] != seq:
+            self.seen = (seq, now)
+        return seq, desc, now - self.seen[1]
+
+    def _check(self):
+        seq, desc, waited = self._observe()
+        if desc is None:
+            return
+        fatal = 0 < self.shutdown_s <= waited
+        if not fatal:
+            if waited < self.warning_s:
+                return
+            if self.last[0] == seq and _monotonic() - self.last[1] < self.warning_s:
+                return
+        answers = self._query() if self.ask else None
+        now_seq, now_desc, waited = self._observe()
+        if now_seq != seq or now_desc is None:        # it finished while we asked
+            return
+        self.last = (seq, _monotonic())               # repeats are timed from the report
+        stall = make_stall(self.rank, self.size, seq, desc, waited, answers)
+        if fatal:
+            self.abort(stall)
+        else:
+            self.report(stall)
+
+    def _query(self):
+        """Ask every other rank where it is; rank -> answer dict (missing: no answer)."""
+        global _round
+        _round += 1
+        qid = _round
+        query = json.dumps({"q": qid}).encode()
+        for r in range(self.size):
+            if r != self.rank:
+                self._send(query, r, QUERY_TAG)
+        answers = {}
+        deadline = _monotonic() + self.answer_timeout_s
+        while len(answers) < self.size - 1 and _monotonic() < deadline:
+            self._answer()        # the other waiting ranks are asking us at the same time
+            for src, msg in self._receive(REPLY_TAG):
+                if msg.get("q") == qid:
+                    answers[src] = msg
+            if self.halt.is_set():
+                break
+            time.sleep(0.005)
+        self._reap()
+        return answers
+
+    def _answer(self):
+        for src, msg in self._receive(QUERY_TAG):
+            self._send(json.dumps(self._state(msg.get("q"))).encode(), src, REPLY_TAG)
+
+    def _state(self, qid):
+        """This rank's answer to query ``qid``."""
+        seq, desc, waited = self._observe()
+        if desc is None:
+            return {"q": qid, "seq": seq, "in": False}
+        kind, name = _what(desc)
+        name = None if name is None else str(name)[:_NAME_CHARS]
+        return {"q": qid, "seq": seq, "in": True, "kind": kind, "name": name,
+                "waited": round(waited, 1)}
+
+    # -- non-blocking MPI only ------------------------------------------------------------------
+    def _send(self, data, dest, tag):
+        self.requests.append((self.comm.Isend([data, MPI.BYTE], dest, tag), data))
+
+    def _receive(self, tag):
+        """Every message with ``tag`` that has arrived: [(source, decoded dict)]."""
+        out = []
+        status = MPI.Status()
+        while True:
+            msg = self.comm.Improbe(MPI.ANY_SOURCE, tag, status)
+            if msg is None:
+                return out
+            src = status.Get_source()
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            req = msg.Irecv([buf, MPI.BYTE])
+            # matched and small (eager): the data is already here; never wait for ever anyway
+            deadline = _monotonic() + 1.0
+            while not req.Test():
+                if _monotonic() > deadline:
+                    self.requests.append((req, buf))
+                    break
+                time.sleep(0.001)
+            else:
+                try:
+                    out.append((src, json.loads(bytes(buf))))
+                except ValueError:
+                    pass                  # not ours (cannot happen on a private communicator)
+
+    def _reap(self):
+        self.requests = [(r, b) for r, b in self.requests if not r.Test()]
+
+    def _close(self):
+        """Finish or drop requests in flight and drain unread messages (caller: any thread,
+        after the watchdog thread has exited)."""
+        deadline = _monotonic() + 1.0
+        while self.requests and _monotonic() < deadline:
+            self._reap()
+            time.sleep(0.001)
+        for req, _ in self.requests:
+            req.Free()            # an active request may be freed: it completes on its own
+        self.requests = []
+        for tag in (QUERY_TAG, REPLY_TAG):
+            self._receive(tag)
+        self._reap()
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def make_stall(rank, size, seq, desc, waited_s, answers):
+    """A Stall: this rank has waited ``waited_s`` in agreement #seq described by ``desc``;
+    answers: rank -> answer dict from the others (None: no one was asked)."""
+    kind, name = _what(desc)
+    if answers is None:
+        present, missing, details = None, None, {}
+    else:
+        present = sorted([rank] + [r for r, a in answers.items()
+                                   if a.get("in") and (a.get("seq"), a.get("kind")) == (seq, kind)])
+        missing = [r for r in range(size) if r not in present]
+        details = {r: describe(answers.get(r)) for r in missing}
+    what = kind if name is None else f"{kind} {name!r}"
+    line = f"mpitrain: stalled for {waited_s:.0f} s in {what} (collective #{seq}) "
+    if present is None:
+        line += (f"on rank {rank}; missing ranks unknown (MPI thread level is below "
+                 f"MULTIPLE: no rank was asked)")
+    else:
+        text = "; ".join(f"rank {r}: {details[r]}" for r in missing)
+        line += f"on ranks {present}; missing ranks {missing}" + (f" ({text})" if text else "")
+    return Stall(rank, seq, kind, name, waited_s, present, missing, details, line)
+
+
+def describe(answer):
+    """One rank's answer as words."""
+    if answer is None:
+        return "no answer"
+    if not answer.get("in"):
+        seq = answer.get("seq", 0)
+        return f"not in a collective, last #{seq}" if seq else "not in a collective yet"
+    kind, name = answer.get("kind"), answer.get("name")
+    what = kind if name is None else f"{kind} {name!r}"
+    return f"in {what} #{answer.get('seq')} for {answer.get('waited', 0):.0f} s"
+
+
+def _print_report(stall):
+    if stall.present is None or stall.rank == stall.present[0]:
+        sys.stderr.write(stall.line + "\n")
+        sys.stderr.flush()
+
+
+def _abort(stall):
+    sys.stderr.write(f"{stall.line}; aborting the job (MPITRAIN_STALL_SHUTDOWN)\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
