@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from mpitrain.comm import watchdog
+
 enabled = os.environ.get("MPITRAIN_CHECK", "1") != "0"
 HEADER_BYTES = 16
 INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
@@ -144,7 +146,11 @@ def _exchange(comm, h, rows, column, desc):
     """Every collective's first MPI call: fixed-size, whatever the collective and arguments, so
     ranks that disagree still make matching calls and learn it instead of blocking."""
     _send[0] = h
-    comm.Allgather(_send, rows)
+    watchdog.enter(desc)
+    try:
+        comm.Allgather(_send, rows)
+    finally:
+        watchdog.leave()
     # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
     fingerprints = column.tolist()
     if fingerprints.count(h) != len(fingerprints):

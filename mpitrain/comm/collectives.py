@@ -45,7 +45,7 @@ ALGORITHM = "auto"                  # MPITRAIN_ALLREDUCE: auto (threshold) | rin
 RING_THRESHOLD_BYTES = 32 << 20     # MPITRAIN_RING_THRESHOLD
 SUBCHUNK_BYTES = 1 << 20            # MPITRAIN_RING_SUBCHUNK
 _SETTINGS = ("MPITRAIN_ALLREDUCE", "MPITRAIN_RING_THRESHOLD", "MPITRAIN_RING_SUBCHUNK",
-             "MPITRAIN_CHECK")
+             "MPITRAIN_CHECK", "MPITRAIN_STALL_WARNING", "MPITRAIN_STALL_SHUTDOWN")
 DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
                                      "float16", "float32", "float64"))
 _DTYPE_SET = frozenset(DTYPES)              # hashed lookup: cheaper than 8 dtype comparisons
@@ -81,7 +81,7 @@ def _reset():
 
 def configure(comm):
     """Read the settings above (and check.py's MPITRAIN_CHECK) from the environment; mt.init()
-    calls this once. Ranks launched with different values would take different paths and make
+    calls this once (the watchdog's two settings are only compared here; watchdog.py reads them). Ranks launched with different values would take different paths and make
     unmatched MPI calls, so the raw values are compared first (one pickled allgather, whatever
     MPITRAIN_CHECK says) and a difference is a CollectiveError on every rank; a bad value is
     then the same ValueError everywhere."""
@@ -92,7 +92,7 @@ def configure(comm):
               for i, k in enumerate(_SETTINGS) if len({e[i] for e in envs}) > 1]
     if differ:
         raise check.CollectiveError("mt.init: " + "; ".join(differ))
-    algo, threshold, subchunk, enabled = env
+    algo, threshold, subchunk, enabled = env[:4]
     algo = (algo or "auto").lower()
     if algo not in ("auto", "ring", "mpi"):
         raise ValueError(f"MPITRAIN_ALLREDUCE={algo!r}: expected ring, mpi or auto")

@@ -25,6 +25,8 @@ import traceback
 
 from mpi4py import MPI
 
+from mpitrain.comm import watchdog
+
 _state = None
 _lock = threading.Lock()
 
@@ -84,6 +86,7 @@ def init(comm=None):
         try:
             from mpitrain.comm import collectives       # imports this module: import here
             collectives.configure(comm)                 # env settings, agreed across ranks
+            watchdog.start(comm)                        # stall reports (watchdog.py)
         except Exception:
             state.free()
             raise
@@ -95,6 +98,7 @@ def shutdown():
     global _state
     with _lock:
         if _state is not None:
+            watchdog.stop()
             _state.free()
             _state = None
     from mpitrain.comm import collectives
