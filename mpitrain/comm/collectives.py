@@ -81,10 +81,11 @@ def _reset():
 
 def configure(comm):
     """Read the settings above (and check.py's MPITRAIN_CHECK) from the environment; mt.init()
-    calls this once (the watchdog's two settings are only compared here; watchdog.py reads them). Ranks launched with different values would take different paths and make
-    unmatched MPI calls, so the raw values are compared first (one pickled allgather, whatever
-    MPITRAIN_CHECK says) and a difference is a CollectiveError on every rank; a bad value is
-    then the same ValueError everywhere."""
+    calls this once (the two MPITRAIN_STALL_* are only compared here; watchdog.py reads them).
+    Ranks launched with different values would take different paths and make unmatched MPI
+    calls, so the raw values are compared first (one pickled allgather, whatever MPITRAIN_CHECK
+    says) and a difference is a CollectiveError on every rank; a bad value is then the same
+    ValueError everywhere."""
     global ALGORITHM, RING_THRESHOLD_BYTES, SUBCHUNK_BYTES
     env = tuple(os.environ.get(k) for k in _SETTINGS)
     envs = comm.allgather(env) if comm.Get_size() > 1 else [env]

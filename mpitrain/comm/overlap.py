@@ -34,7 +34,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.comm import check, world
+from mpitrain.comm import check, watchdog, world
 
 _executor = None
 _executor_lock = threading.Lock()
@@ -205,6 +205,10 @@ class BucketAllreduce:
         # comm thread: buckets run one at a time, in submission order
         if self._failed:
             return
+        # Watched like an agreement (watchdog.py): a rank that never sends its gradients is
+        # named; the caller makes no MPI call while buckets are in flight, so this is the one
+        # collective running in this process.
+        watchdog.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
         try:
             with _timeline().span("allreduce", cat="comm", tid="comm", bucket=index,
                                   bytes=nbytes):
@@ -212,6 +216,8 @@ class BucketAllreduce:
         except BaseException:
             self._failed = True
             raise
+        finally:
+            watchdog.leave()
 
 
 def _timeline():

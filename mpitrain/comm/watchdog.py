@@ -41,20 +41,21 @@ Protocol (the thread wakes every ``tick = min(1 s, warning/4)``):
 One record per process, not per thread: check.agree shares its send and receive buffers, and the
 collectives of one communicator must be issued in the same order on every rank, so at most one
 agreement is in flight per process, whichever thread calls it. overlap.py's comm thread calls
-no agreement at all (its plan is agreed once, on the caller's thread, and the caller makes no
-MPI call while buckets are in flight), so the record is always the one agreement running. The
+no agreement (its plan is agreed once, on the caller's thread) but marks each bucket allreduce
+the same way ("allreduce bucket"), and the caller makes no MPI call while buckets are in flight,
+so the record is always the one collective running. The
 tuple is replaced by one store (atomic under the GIL): the thread reads a consistent snapshot
-without a lock. The sequence number counts agreements, which every rank makes in the same order,
-so "#k" names the same collective on every rank.
+without a lock. The sequence number counts agreements and buckets, which every rank makes in
+the same order, so "#k" names the same collective on every rank.
 
 MPI from two threads needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; the ``mpich`` wheel
 grants it). Below that the thread still detects the stall on its own rank and prints the line
 (and aborts after S seconds), but asks no one: "missing ranks unknown". The thread only makes
 non-blocking calls (Improbe, Irecv, Isend, Test), stops at ``world.shutdown()`` or at exit
 (before mpi4py's MPI_Finalize), and frees its requests and the duplicate communicator.
-Limit: only the agreement is watched; a rank that stalls in a collective's data phase (after
-every rank has agreed), or in overlap's bucket allreduces, is reported by the others only once
-they wait in a later agreement.
+Limit: only agreements and overlap's bucket allreduces are watched; a rank that stalls in a
+collective's data phase (after every rank has agreed) is reported by the others only once they
+wait in a later agreement.
 """
 import atexit
 import json

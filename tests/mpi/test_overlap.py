@@ -203,3 +203,25 @@ def test_fusion_threshold_is_a_parameter_not_an_environment_variable(monkeypatch
     assert wrap().fusion_threshold_bytes == 256
     with pytest.raises(ValueError, match="fusion_threshold_bytes -1"):
         wrap(fusion_threshold_bytes=-1)
+
+
+@pytest.mark.skipif(N == 1, reason="nothing to overlap on one rank")
+def test_bucket_allreduces_are_watched_for_stalls():
+    """Each bucket is marked in flight for the stall watchdog, then cleared (watchdog.py)."""
+    from mpitrain.comm import watchdog
+    seen = []
+
+    def reduce_flat(flat):
+        seen.append(watchdog.current())
+        world.ring_comm().Allreduce(MPI.IN_PLACE, flat)
+
+    before = watchdog.sequence()
+    b = overlap.BucketAllreduce([((3,), np.float64), ((5,), np.float64)], 8, reduce_flat,
+                                {"name": "watched"})
+    arrays = [np.ones(3), np.ones(5)]
+    b.ready(0, arrays[0])
+    b.finish(arrays)
+    assert [s[1:] for s in seen] == [("allreduce bucket", "bucket 0"),
+                                     ("allreduce bucket", "bucket 1")]
+    assert [s[0] for s in seen] == [before + 2, before + 3]           # after the plan's agreement
+    assert watchdog.current() is None
