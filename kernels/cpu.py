@@ -5,7 +5,7 @@ The contract (names, shapes, semantics) is the docstring of kernels/__init__.py.
 import numpy as np
 from numba import njit, prange  # noqa: F401
 
-from mpitrain.kernels import dropout_hash
+from mpitrain.kernels import dropout_hash, half
 
 name = "cpu"
 
@@ -83,10 +83,77 @@ def _same_size(dst, src):
         raise ValueError(f"size mismatch: dst has {dst.size} elements, src has {src.size}")
 
 
-# Numba has no float16 arithmetic on the CPU; fp16 buffers (gradient compression) use NumPy.
+# float16 (the fp16 compression's wire dtype): Numba has no float16 on the CPU, so these kernels see
+# float16 arrays as uint16 bit patterns and convert in registers (kernels/half.py), with NumPy's
+# results bit for bit: each element is computed in float32 and rounded to half once, as NumPy's
+# float16 ufuncs do. NaN results follow NumPy's too: the second operand's NaN, quieted, if it is
+# one, else the first's (the FPU picks any one of two; this pins it).
+
+@njit(cache=True, nogil=True)
+def _half_from_float32(dst, src):
+    """dst (uint16 half bits) = src (float32 bits as uint32), rounded as NumPy's astype."""
+    for i in range(dst.size):
+        dst[i] = half.float32_bits_to_half(src[i])
+
+
+@njit(cache=True, nogil=True)
+def _half_to_float32(dst, src):
+    """dst (float32) = src (uint16 half bits), exact."""
+    for i in range(dst.size):
+        dst[i] = half.half_to_float32(src[i])
+
+
+@njit(cache=True, nogil=True)
+def _nan_rule(a, b, h):
+    """h, unless a or b is a NaN: then b quieted if b is one, else a quieted (half bits)."""
+    h = a | half.HALF_QUIET if half.is_nan(a) else h
+    return b | half.HALF_QUIET if half.is_nan(b) else h
+
+
+@njit(cache=True, nogil=True)
+def _half_scale(a, factor):
+    """a (uint16 half bits) *= factor (float32), in float32, rounded once."""
+    nan_factor = factor != factor       # then every result is the factor's NaN, quieted
+    quiet_factor = half.float32_bits_to_half(half.float32_bits(factor) | 0x400000)
+    for i in range(a.size):
+        h = a[i]
+        r = half.float32_to_half(half.half_to_float32(h) * factor)
+        r = h | half.HALF_QUIET if half.is_nan(h) else r
+        a[i] = quiet_factor if nan_factor else r
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _half_block_sum(a, start, stop):
+    """Exact float64 sum of a[start:stop] (half bits) when stop - start <= 2**13 (see below)."""
+    block = 0.0
+    for i in range(start, stop):
+        block += np.float64(half.half_to_float32(a[i]))
+    return block
+
+
+@njit(cache=True, nogil=True)
+def _half_total(a, chunk):
+    """NumPy's a.sum(dtype=float64): exact sums of chunk-element blocks, added in order.
+
+    NumPy converts float16 to float64 in buffers of ``chunk`` elements and adds each buffer's
+    pairwise sum to the total. A half is a multiple of 2**-24 below 2**16, so a block of at most
+    2**13 of them sums exactly in float64 in any order (hence reassoc in the block sum, which lets
+    LLVM vectorise it); only the block-to-total additions round, in NumPy's order.
+    """
+    total = 0.0
+    for start in range(0, a.size, chunk):
+        total = total + _half_block_sum(a, start, min(a.size, start + chunk))
+    return total
+
+
+_EXACT_BLOCK = 1 << 13   # the largest block of halves whose float64 sum is always exact
+
+
 def fill(a, value):
     if a.dtype == np.float16:
-        _flat(a).fill(value)
+        one = np.empty(1, np.float16)
+        one.fill(value)                 # NumPy's own conversion of value, once
+        _fill(_flat(a).view(np.uint16), one.view(np.uint16)[0])
     else:
         _fill(_flat(a), value)
 
@@ -94,35 +161,58 @@ def fill(a, value):
 def copy(dst, src):
     _same_size(dst, src)
     if dst.dtype == np.float16 or src.dtype == np.float16:
-        np.copyto(_flat(dst, "dst"), _flat(src, "src"), casting="unsafe")
+        cast(dst, src)
     else:
         _copy(_flat(dst, "dst"), _flat(src, "src"))
 
 
 def scale(a, factor):
-    if a.dtype == np.float16:
-        np.multiply(_flat(a), factor, out=_flat(a), casting="unsafe")
-    else:
+    if a.dtype != np.float16:
         _scale(_flat(a), factor)
+        return
+    flat = _flat(a)
+    # NumPy's promotion decides the arithmetic: a Python float or int (weak, NEP 50) or a float16
+    # becomes a float16 first; a float32 keeps float32. Either runs as one float32 multiply.
+    # Anything else (a float64 scalar computes in float64) keeps NumPy's own multiply.
+    kind = np.result_type(a.dtype, factor) if np.ndim(factor) == 0 else None
+    if kind == np.float16:
+        _half_scale(flat.view(np.uint16), np.float32(np.array(factor, dtype=np.float16)))
+    elif kind == np.float32:
+        _half_scale(flat.view(np.uint16), np.float32(factor))
+    else:
+        np.multiply(flat, factor, out=flat, casting="unsafe")
 
 
 def add(dst, src):
     _same_size(dst, src)
-    if dst.dtype == np.float16 or src.dtype == np.float16:
+    if dst.dtype == np.float16 and src.dtype == np.float16:
+        _half_reduce_sum(_flat(dst, "dst").view(np.uint16), _flat(src, "src").view(np.uint16))
+    elif dst.dtype == np.float16 or src.dtype == np.float16:
         np.add(_flat(dst, "dst"), _flat(src, "src"), out=_flat(dst, "dst"), casting="unsafe")
     else:
         _add(_flat(dst, "dst"), _flat(src, "src"))
 
 
 def cast(dst, src):
-    # NumPy's own cast: Numba has no arithmetic on float16, the fp16 compression's dtype.
+    """dst[...] = src in dst's dtype; float32 <-> float16 (the fp16 compression) in Numba."""
     _same_size(dst, src)
-    np.copyto(_flat(dst, "dst"), _flat(src, "src"), casting="unsafe")
+    d, s = _flat(dst, "dst"), _flat(src, "src")
+    if d.dtype == np.float16 and s.dtype == np.float32:
+        _half_from_float32(d.view(np.uint16), s.view(np.uint32))
+    elif d.dtype == np.float32 and s.dtype == np.float16:
+        _half_to_float32(d, s.view(np.uint16))
+    elif d.dtype == np.float16 and s.dtype == np.float16:
+        _copy(d.view(np.uint16), s.view(np.uint16))
+    else:
+        np.copyto(d, s, casting="unsafe")
 
 
 def total(a):
     if a.dtype == np.float16:
-        return float(_flat(a).sum(dtype=np.float64))
+        chunk = np.getbufsize()
+        if chunk > _EXACT_BLOCK:        # blocks no longer sum exactly: NumPy's own order
+            return float(_flat(a).sum(dtype=np.float64))
+        return float(_half_total(_flat(a).view(np.uint16), chunk))
     return float(_total(_flat(a)))
 
 
@@ -460,8 +550,9 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 # --- Collective reductions (comm): reduce_into(dst, src, op) ---
 # The ring reduces every received sub-chunk into the caller's buffer with these: one pass over
 # memory, in place, SIMD-vectorised by LLVM. Integer overflow wraps, as in MPI_Allreduce.
-# Numba has no float16 on the CPU, so float16 goes through NumPy's in-place ufuncs (same result:
-# each element is rounded to float16 once per reduction).
+# float16 runs on half bits (kernels/half.py) with NumPy's results: float32 arithmetic rounded to
+# half once per element and reduction; min/max keep dst when equal or when dst is NaN, else take a
+# NaN src (NumPy's minimum/maximum propagate NaN, bits unchanged).
 
 
 @njit(cache=True, nogil=True)
@@ -490,8 +581,41 @@ def _reduce_max(dst, src):
             dst[i] = src[i]
 
 
+@njit(cache=True, nogil=True)
+def _half_reduce_sum(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        r = half.float32_to_half(half.half_to_float32(a) + half.half_to_float32(b))
+        dst[i] = _nan_rule(a, b, r)
+
+
+@njit(cache=True, nogil=True)
+def _half_reduce_prod(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        r = half.float32_to_half(half.half_to_float32(a) * half.half_to_float32(b))
+        dst[i] = _nan_rule(a, b, r)
+
+
+@njit(cache=True, nogil=True)
+def _half_reduce_min(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        keep = half.half_to_float32(a) <= half.half_to_float32(b) or half.is_nan(a)
+        dst[i] = a if keep else b
+
+
+@njit(cache=True, nogil=True)
+def _half_reduce_max(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        keep = half.half_to_float32(a) >= half.half_to_float32(b) or half.is_nan(a)
+        dst[i] = a if keep else b
+
+
 _REDUCE_NUMBA = {"sum": _reduce_sum, "prod": _reduce_prod, "min": _reduce_min, "max": _reduce_max}
-_REDUCE_NUMPY = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+_REDUCE_HALF = {"sum": _half_reduce_sum, "prod": _half_reduce_prod, "min": _half_reduce_min,
+                "max": _half_reduce_max}
 
 
 def reduce_into(dst, src, op):
@@ -501,6 +625,6 @@ def reduce_into(dst, src, op):
     the comparison with NaN is false (MPI makes no promise about NaN either).
     """
     if dst.dtype == np.float16:
-        _REDUCE_NUMPY[op](dst, src, out=dst)
+        _REDUCE_HALF[op](dst.view(np.uint16), src.view(np.uint16))
     else:
         _REDUCE_NUMBA[op](dst, src)
