@@ -6,8 +6,9 @@ runs one allreduce per bucket, and unpacks.
 
 The plan is a pure function of the inputs' (shape, dtype) sequence and the threshold: arrays are
 grouped by dtype in order of first appearance, and within a dtype packed in input order into
-buckets of at most ``threshold_bytes``; an array larger than the threshold, or alone in its
-bucket, is reduced directly in its output without packing. Every rank therefore builds the same
+buckets of at most ``threshold_bytes``; an array larger than the threshold, of at least
+``SOLO_BYTES``, or alone in its bucket, is reduced directly in its output without packing (the
+small ones around it share buckets as before). Every rank therefore builds the same
 plan (the caller has checked that the shapes agree), every element is summed in the same order on
 every run, and reruns are bitwise identical -- unlike dynamic fusion that packs whatever is ready.
 Plans are cached by signature, and one flat buffer per dtype (sized to that dtype's largest
@@ -18,6 +19,10 @@ import os
 import numpy as np
 
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
+# Arrays of at least this size travel alone, reduced in place: packing and unpacking would copy
+# them twice (2 x 1 MiB at ~10 GB/s is ~0.2 ms), more than one more allreduce call costs (tens
+# of us). E.g. the MLP's two weight gradients (3.2 and 4.2 MB) are no longer copied every step.
+SOLO_BYTES = 1 << 20
 
 
 def threshold_from_env(default=DEFAULT_THRESHOLD_BYTES):
@@ -84,6 +89,11 @@ class FusionBuffer:
             current = Bucket(dtype)
             for i in indices:
                 n = arrays[i].size
+                if n * dtype.itemsize >= SOLO_BYTES:
+                    solo = Bucket(dtype)
+                    solo.add(i, n)
+                    buckets.append(solo)
+                    continue
                 if current.entries and current.total + n > limit:
                     buckets.append(current)
                     current = Bucket(dtype)

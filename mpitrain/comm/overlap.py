@@ -35,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check, watchdog, world
+from mpitrain.comm.fusion import SOLO_BYTES
 
 _executor = None
 _executor_lock = threading.Lock()
@@ -93,15 +94,20 @@ class BucketAllreduce:
 
     # -- plan ------------------------------------------------------------------------------------
     def _plan(self):
-        """Consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array)."""
+        """Consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array);
+        an array of at least fusion.SOLO_BYTES that needs no cast has a bucket of its own (it is
+        reduced in place: no pack, no unpack copy)."""
         buckets = []
-        for i, ((shape, _), wire) in enumerate(zip(self.specs, self.wire)):
+        solo = False                                        # is the last bucket a solo one?
+        for i, ((shape, dtype), wire) in enumerate(zip(self.specs, self.wire)):
             n = int(np.prod(shape, dtype=np.int64))
+            alone = wire == dtype and n * wire.itemsize >= SOLO_BYTES
             b = buckets[-1] if buckets else None
-            if b is None or b.dtype != wire or \
+            if b is None or b.dtype != wire or alone or solo or \
                     (b.entries and (b.total + n) * wire.itemsize > self.threshold_bytes):
                 b = _Bucket(len(buckets), wire)
                 buckets.append(b)
+            solo = alone
             b.add(i, n)
         for b in buckets:
             i = b.entries[0][0]
@@ -196,8 +202,7 @@ class BucketAllreduce:
             flat = b.flat
         nbytes = b.total * b.dtype.itemsize
         if not self.overlap:
-            with tl.span("allreduce", cat="comm", bucket=b.index, bytes=nbytes):
-                self.reduce_flat(flat)
+            self._reduce(flat, b.index, nbytes, "main")
             return
         self._futures.append(_comm_executor().submit(self._run, flat, b.index, nbytes))
 
@@ -205,17 +210,20 @@ class BucketAllreduce:
         # comm thread: buckets run one at a time, in submission order
         if self._failed:
             return
+        try:
+            self._reduce(flat, index, nbytes, "comm")
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _reduce(self, flat, index, nbytes, tid):
         # Watched like an agreement (watchdog.py): a rank that never sends its gradients is
         # named; the caller makes no MPI call while buckets are in flight, so this is the one
         # collective running in this process.
         watchdog.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
         try:
-            with _timeline().span("allreduce", cat="comm", tid="comm", bucket=index,
-                                  bytes=nbytes):
+            with _timeline().span("allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes):
                 self.reduce_flat(flat)
-        except BaseException:
-            self._failed = True
-            raise
         finally:
             watchdog.leave()
 

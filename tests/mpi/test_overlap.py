@@ -225,3 +225,20 @@ def test_bucket_allreduces_are_watched_for_stalls():
                                      ("allreduce bucket", "bucket 1")]
     assert [s[0] for s in seen] == [before + 2, before + 3]           # after the plan's agreement
     assert watchdog.current() is None
+
+
+def test_large_gradients_are_reduced_in_place_without_packing(monkeypatch):
+    """A bucket of its own for every array of at least fusion.SOLO_BYTES (no cast needed): it
+    is reduced in the caller's array; a float16 wire still packs (it must cast anyway)."""
+    monkeypatch.setattr(overlap, "SOLO_BYTES", 64)                      # 8 float64
+    specs = [((3,), np.float64), ((8,), np.float64), ((2,), np.float64), ((4, 2), np.float64),
+             ((9,), np.float32)]
+    b = overlap.BucketAllreduce(specs, 1 << 20, lambda flat: flat, {"name": "solo"},
+                                wire_dtypes=[np.float64] * 4 + [np.float16])
+    b._build()
+    assert [[e[0] for e in k.entries] for k in b.buckets] == [[0], [1], [2], [3], [4]]
+    assert [k.flat is None for k in b.buckets] == [True, True, True, True, False]
+    b2 = overlap.BucketAllreduce(specs[:3], 1 << 20, lambda flat: flat, {"name": "solo2"})
+    monkeypatch.setattr(overlap, "SOLO_BYTES", 1 << 20)
+    b2._build()
+    assert [[e[0] for e in k.entries] for k in b2.buckets] == [[0, 1, 2]]

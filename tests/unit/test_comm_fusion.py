@@ -43,3 +43,21 @@ def test_threshold_env(monkeypatch):
         threshold_from_env()
     monkeypatch.delenv("MPITRAIN_FUSION_THRESHOLD")
     assert threshold_from_env() == 64 * 1024 * 1024
+
+
+def test_large_arrays_travel_alone_in_place(monkeypatch):
+    """Arrays of at least SOLO_BYTES get their own bucket and are reduced in their output,
+    never copied through the flat buffer; the small ones around them still share a bucket."""
+    from mpitrain.comm import fusion
+    monkeypatch.setattr(fusion, "SOLO_BYTES", 64)                       # 16 float32
+    fb = FusionBuffer(threshold_bytes=1 << 20)
+    xs = [np.ones(3, np.float32), np.ones(16, np.float32), np.ones(2, np.float32),
+          np.ones(15, np.float32), np.ones((5, 4), np.float32)]
+    plan = fb.plan(xs)
+    assert [[e[0] for e in b.entries] for b in plan] == [[1], [4], [0, 2, 3]]
+    seen = []
+    fb.allreduce(xs, xs, lambda flat: (seen.append(flat), flat.__imul__(2)))
+    views = [f for f in seen if f.size in (16, 20)]
+    assert [np.shares_memory(v, x) for v, x in zip(views, (xs[1], xs[4]))] == [True, True]
+    for x in xs:
+        np.testing.assert_array_equal(x, 2)
