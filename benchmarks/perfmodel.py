@@ -466,12 +466,18 @@ def gradient_tensor_bytes(model):
     return [int(p.data.size) * 4 for p in net.parameters()]
 
 
+SOLO_BYTES = 1 << 20         # comm/fusion.py's SOLO_BYTES (a test checks they agree)
+
+
 def fusion_plan(tensor_bytes, threshold):
-    """[(bucket bytes, tensors in it)] of the fusion plan: tensors packed in order into buckets
-    of <= threshold bytes; a tensor larger than the threshold travels alone (as comm/fusion.py
-    plans it)."""
+    """[(bucket bytes, tensors in it)] of the fusion plan as comm/fusion.py makes it: a tensor of
+    at least SOLO_BYTES travels alone (in place, not packed); the others are packed in order
+    into buckets of <= threshold bytes (one larger than the threshold alone)."""
     plan, cur, count = [], 0, 0
     for nb in tensor_bytes:
+        if nb >= SOLO_BYTES:
+            plan.append((nb, 1))
+            continue
         if count and cur + nb > threshold:
             plan.append((cur, count))
             cur, count = 0, 0
@@ -479,6 +485,20 @@ def fusion_plan(tensor_bytes, threshold):
     if count:
         plan.append((cur, count))
     return plan
+
+
+def _consecutive_plan(tensor_bytes, threshold):
+    """comm/overlap.py's plan: consecutive tensors, <= threshold bytes a bucket; a tensor of at
+    least SOLO_BYTES has a bucket of its own. [(bucket bytes, tensors in it)]."""
+    plan, solo = [], False
+    for nb in tensor_bytes:
+        alone = nb >= SOLO_BYTES
+        if not plan or alone or solo or plan[-1][0] + nb > threshold:
+            plan.append([0, 0])
+        solo = alone
+        plan[-1][0] += nb
+        plan[-1][1] += 1
+    return [tuple(b) for b in plan]
 
 
 def fusion_buckets(tensor_bytes, threshold):
@@ -563,16 +583,17 @@ def backward_layers(model, batch):
 def overlap_buckets(layers, threshold):
     """[(bytes, tensors, ready)] as comm/overlap.py plans them: gradients in reverse layer order
     (the last layer's parameters, last first), packed into buckets of <= threshold bytes (a
-    larger tensor alone). A layer reports all its gradients when its backward ends; ``ready`` of
-    a bucket is the share of backward done then, assumed proportional to the backward FLOPs of
-    the layers differentiated so far (``layers`` as ``backward_layers`` returns them)."""
+    larger tensor, or one of at least SOLO_BYTES, alone). A layer reports all its gradients when
+    its backward ends; ``ready`` of a bucket is the share of backward done then, assumed
+    proportional to the backward FLOPs of the layers differentiated so far (``layers`` as
+    ``backward_layers`` returns them)."""
     total = float(sum(f for f, _ in layers)) or 1.0
     tensors, done = [], 0.0                 # (bytes, ready) in submission order
     for flops, grads in reversed(layers):
         done += flops
         tensors += [(nb, min(1.0, done / total)) for nb in reversed(grads)]
     plan, i = [], 0
-    for nb, count in fusion_plan([t[0] for t in tensors], threshold):
+    for nb, count in _consecutive_plan([t[0] for t in tensors], threshold):
         plan.append((nb, count, max(r for _, r in tensors[i:i + count])))
         i += count
     return plan

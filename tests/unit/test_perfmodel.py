@@ -132,14 +132,18 @@ def test_link_network_keeps_local_software_costs():
     assert fast["gamma"] == f["gamma"]
 
 
-def test_fusion_buckets_match_the_fusion_plan():
+def test_fusion_buckets_match_the_fusion_plan(monkeypatch):
     fusion = pytest.importorskip("mpitrain.comm.fusion")
+    assert pm.SOLO_BYTES == fusion.SOLO_BYTES
     sizes = [40, 4, 400, 8, 8, 100, 4]                     # float32 elements
     arrays = [np.zeros(s, np.float32) for s in sizes]
-    for threshold in (0, 16, 64, 500, 10_000):
-        plan = fusion.FusionBuffer(threshold).plan(arrays)
-        want = [(b.total * 4, len(b.entries)) for b in plan]
-        assert pm.fusion_plan([s * 4 for s in sizes], threshold) == want, threshold
+    for solo in (fusion.SOLO_BYTES, 160):                  # 160 B: the 400 and 100 go alone
+        monkeypatch.setattr(fusion, "SOLO_BYTES", solo)
+        monkeypatch.setattr(pm, "SOLO_BYTES", solo)
+        for threshold in (0, 16, 64, 500, 10_000):
+            plan = fusion.FusionBuffer(threshold).plan(arrays)
+            want = [(b.total * 4, len(b.entries)) for b in plan]
+            assert pm.fusion_plan([s * 4 for s in sizes], threshold) == want, threshold
 
 
 def test_compute_time_interpolates_and_scales():
