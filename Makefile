@@ -71,7 +71,7 @@ bench: venv
 		--max-bytes 64M --json out/bench/allreduce-ring.json
 	MPIEXEC="$(MPIEXEC)" $(PY) benchmarks/scaling.py --ranks 1 2 --model mlp lenet --mode weak \
 		--steps 60 --repeat 2 --timeout $(MPI_TIMEOUT) --out out/bench \
-		--markdown out/bench/scaling-weak.md -- --threads 1
+		--ceiling --markdown out/bench/scaling-weak.md -- --threads 1
 	$(PY) benchmarks/perfmodel.py --allreduce out/bench/allreduce.json out/bench/allreduce-ring.json \
 		--step out/bench/step.json \
 		--scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us \

@@ -19,6 +19,14 @@ Columns: speedup = throughput(N) / throughput(N0) * N0, with N0 the smallest N o
 (N0 = 1 normally), efficiency = speedup / N, comm share = comm_time_ms / step_time_ms (the
 fraction of a step spent in gradient averaging, as measured by the trainer).
 
+``--ceiling``: for every N > 1 also run N *independent* single-rank jobs at the same time (same
+per-rank batch, no communication at all) and report their summed throughput as a speedup, the
+"no-comm ceiling": what N ranks would reach on this machine if averaging were free. The gap
+between it and N is the machine (shared memory bandwidth and caches, clock), the gap between the
+real speedup and it is ours (communication and synchronisation). On the 2-core box the MLP's
+ceiling is about 1.8: two replicas' weights, gradients and momentum (2 x 22 MB) no longer fit the
+32 MB L3 that one of them fits.
+
 Oversubscription: a point with N above the cores this process may use cannot scale (ranks take
 turns on a core); it is still run, but a warning is printed and the point is marked ``*`` in the
 table, ``"oversubscribed": true`` in the JSON and a hollow marker in the plot.
@@ -162,19 +170,40 @@ def best_of(points):
 
 HEADER = ("model", "N", "batch/rank", "global batch", "samples/s", "speedup", "efficiency",
           "comm share")
+CEILING = "no-comm ceiling"
 
 
-def _cells(p):
+def _header(points):
+    return HEADER + ((CEILING,) if any("ceiling_speedup" in p for p in points) else ())
+
+
+def _cells(p, header=HEADER):
     mark = "*" if p["oversubscribed"] else ""
-    return (p["model"], f"{p['ranks']}{mark}", str(p["per_rank_batch"]), str(p["global_batch"]),
-            f"{p['samples_per_sec']:.1f}", f"{p['speedup']:.2f}", f"{p['efficiency']:.2f}",
-            f"{100 * p['comm_share']:.1f}%")
+    cells = (p["model"], f"{p['ranks']}{mark}", str(p["per_rank_batch"]),
+             str(p["global_batch"]), f"{p['samples_per_sec']:.1f}", f"{p['speedup']:.2f}",
+             f"{p['efficiency']:.2f}", f"{100 * p['comm_share']:.1f}%")
+    if CEILING in header:
+        cells += (f"{p['ceiling_speedup']:.2f}" if "ceiling_speedup" in p else "-",)
+    return cells
+
+
+def add_ceiling(points, ceilings):
+    """ceilings: (model, N) -> summed samples/s of N independent 1-rank jobs (best run); adds
+    ``ceiling_samples_per_sec`` and ``ceiling_speedup`` (same base as ``speedup``)."""
+    for p in points:
+        c = ceilings.get((p["model"], p["ranks"]))
+        if c is not None:
+            base = p["samples_per_sec"] / p["speedup"]          # the base point's speedup unit
+            p["ceiling_samples_per_sec"] = c
+            p["ceiling_speedup"] = c / base
+    return points
 
 
 def format_table(points):
     """Plain-text table for stdout; ``*`` marks oversubscribed points."""
-    rows = [HEADER] + [_cells(p) for p in points]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    header = _header(points)
+    rows = [header] + [_cells(p, header) for p in points]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                        enumerate(zip(r, widths))) for r in rows]
     if any(p["oversubscribed"] for p in points):
@@ -192,8 +221,9 @@ def _load_note(points):
 
 
 def format_markdown(points):
-    rows = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    rows += ["| " + " | ".join(_cells(p)) + " |" for p in points]
+    header = _header(points)
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows += ["| " + " | ".join(_cells(p, header)) + " |" for p in points]
     if any(p["oversubscribed"] for p in points):
         rows.append("\n`*` oversubscribed: more ranks than cores.")
     note = _load_note(points)
@@ -223,6 +253,9 @@ def plot(points, path, mode, title="", cores=None):
             face = "none" if p["oversubscribed"] else color
             ax_t.plot(p["ranks"], p["samples_per_sec"], "o", mfc=face, mec=color)
             ax_e.plot(p["ranks"], p["efficiency"], "o", mfc=face, mec=color)
+            if "ceiling_speedup" in p:
+                ax_t.plot(p["ranks"], p["ceiling_samples_per_sec"], "x", color=color)
+                ax_e.plot(p["ranks"], p["ceiling_speedup"] / p["ranks"], "x", color=color)
     ns_all = sorted({p["ranks"] for p in points})
     ax_e.axhline(1.0, color="k", ls=":", lw=1, label="ideal")
     if cores is not None and ns_all[-1] > cores:
@@ -232,6 +265,8 @@ def plot(points, path, mode, title="", cores=None):
     ax_t.plot([], [], "k:", label="ideal (linear)")
     if any(p["oversubscribed"] for p in points):
         ax_t.plot([], [], "ko", mfc="none", label="oversubscribed")
+    if any("ceiling_speedup" in p for p in points):
+        ax_t.plot([], [], "kx", label="N independent ranks, no comm")
     for ax in (ax_t, ax_e):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns_all, [str(n) for n in ns_all])
@@ -278,6 +313,35 @@ def run_point(n, model, args, runs_dir, cores, repeat):
     return point
 
 
+def run_ceiling(n, model, args, runs_dir, repeat):
+    """N independent single-rank jobs at once (no communication); their summed samples/s."""
+    batch = per_rank_batch(args.mode, args.batch_size, n)
+    jobs = []
+    for i in range(n):
+        metrics = runs_dir / f"{model}-{args.mode}-n{n}-alone{i}-r{repeat}.jsonl"
+        metrics.unlink(missing_ok=True)
+        cmd = build_command(1, model, args.dataset, batch, args.steps, metrics, args.timeout,
+                            args.extra)
+        log = metrics.with_suffix(".log")
+        with open(log, "w") as f:
+            f.write(f"$ {shlex.join(cmd)}\n")
+            jobs.append((subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO),
+                         metrics, log))
+    failed = None
+    for proc, metrics, log in jobs:
+        try:
+            code = proc.wait(timeout=args.timeout + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "no exit"
+        if code != 0 and failed is None:
+            failed = f"{model} ceiling N={n}: an independent 1-rank job failed ({code}) " \
+                     f"[log: {log}]"
+    if failed:
+        raise ScalingError(failed)
+    return sum(float(read_summary(m)["samples_per_sec"]) for _, m, _ in jobs)
+
+
 def write_text(path, text):
     """Print ``text`` (path "-") or write it to ``path``."""
     if path == "-":
@@ -304,6 +368,9 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=int, default=600, help="seconds per job")
     ap.add_argument("--markdown", nargs="?", const="-", default=None, metavar="PATH",
                     help="also write a markdown table (to PATH, default stdout)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also run N independent 1-rank jobs at once per N > 1: the no-comm "
+                         "ceiling of this machine")
     ap.add_argument("extra", nargs=argparse.REMAINDER,
                     help="after --: more flags for python -m mpitrain")
     args = ap.parse_args(argv)
@@ -335,7 +402,7 @@ def main(argv=None):
         if over:
             print(f"warning: N={', '.join(map(str, over))} exceeds the {cores} usable cores: "
                   "those points are oversubscribed (marked *)", file=sys.stderr)
-        points = []
+        points, ceilings = [], {}
         for model in args.model:
             for n in ranks:
                 for r in range(args.repeat):
@@ -343,10 +410,15 @@ def main(argv=None):
                     print(f"  {model} N={n} run {r + 1}/{args.repeat}: "
                           f"{p['samples_per_sec']:.1f} samples/s", file=sys.stderr, flush=True)
                     points.append(p)
+                    if args.ceiling and n > 1:
+                        c = run_ceiling(n, model, args, runs_dir, r)
+                        print(f"  {model} {n} x 1 rank, no comm, run {r + 1}/{args.repeat}: "
+                              f"{c:.1f} samples/s", file=sys.stderr, flush=True)
+                        ceilings[(model, n)] = max(c, ceilings.get((model, n), 0.0))
     except ScalingError as e:
         print(f"scaling: error: {e}", file=sys.stderr)
         return 1
-    best = add_speedup(best_of(points))
+    best = add_ceiling(add_speedup(best_of(points)), ceilings)
     print(format_table(best))
     if args.markdown:
         md = (f"`{shlex.join(['python'] + sys.argv)}` ({cores} cores, "
@@ -356,7 +428,8 @@ def main(argv=None):
     doc = {"benchmark": "scaling", "mode": args.mode, "dataset": args.dataset,
            "steps": args.steps, "batch_size_arg": args.batch_size, "repeat": args.repeat,
            "cores": cores, "host": platform.node(), "mpiexec": mpiexec_argv(),
-           "extra": args.extra, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "extra": args.extra, "ceiling": args.ceiling,
+           "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "points": best, "all_runs": points}
     json_path = out / f"scaling-{args.mode}.json"
     json_path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -90,6 +90,29 @@ def test_weak_sweep_with_fake_launcher(tmp_path, fake_env):
     assert all(p["load_before"] >= 0 for p in doc["points"]) and "load average" in table
 
 
+def test_ceiling_runs_independent_single_rank_jobs(tmp_path, fake_env):
+    """--ceiling: N concurrent 1-rank jobs per N > 1; the fake gives each 1000 samples/s at
+    batch 64, so the ceiling is N x the 1-rank point: speedup exactly N."""
+    out = tmp_path / "out"
+    proc = run_scaling(["--ranks", "1", "2", "3", "--steps", "4", "--out", str(out),
+                        "--ceiling", "--markdown"], fake_env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "scaling-weak.json").read_text())
+    by_n = {p["ranks"]: p for p in doc["points"]}
+    assert "ceiling_speedup" not in by_n[1] and doc["ceiling"] is True
+    for n in (2, 3):
+        assert by_n[n]["ceiling_samples_per_sec"] == pytest.approx(1000.0 * n)
+        assert by_n[n]["ceiling_speedup"] == pytest.approx(n)
+        assert by_n[n]["speedup"] == pytest.approx(1 + 0.8 * (n - 1))
+    assert len(list((out / "runs").glob("*alone*.log"))) == 2 + 3
+    assert "no-comm ceiling" in proc.stdout and "| 2.00 |" in proc.stdout
+    env = dict(fake_env, FAKE_FAIL_N="1")       # the independent jobs are 1-rank jobs
+    proc = run_scaling(["--ranks", "2", "--steps", "2", "--out", str(tmp_path / "o2"),
+                        "--ceiling"], env)
+    assert proc.returncode == 1
+    assert "mlp ceiling N=2: an independent 1-rank job failed (3)" in proc.stderr
+
+
 def test_strong_sweep_divides_global_batch(tmp_path, fake_env):
     out = tmp_path / "out"
     proc = run_scaling(["--ranks", "1", "2", "--mode", "strong", "--steps", "3",
