@@ -38,7 +38,7 @@ from mpi4py import MPI
 from mpitrain.comm import check, world
 from mpitrain.comm.fusion import FusionBuffer, check_threshold
 from mpitrain.comm.ring import ring_allreduce
-from mpitrain.kernels.cpu import reduce_into
+from mpitrain.kernels import cpu
 
 # Settings: read from the environment at mt.init() and agreed across ranks (configure).
 ALGORITHM = "auto"                  # MPITRAIN_ALLREDUCE: auto (threshold) | ring | mpi
@@ -65,7 +65,7 @@ class ReduceOp(enum.Enum):
 Sum, Average, Min, Max, Product = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX,
                                    ReduceOp.PRODUCT)
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-_REDUCERS = {k: (lambda d, s, _k=k: reduce_into(d, s, _k)) for k in _MPI_OPS}
+_REDUCERS = {k: (lambda d, s, _k=k: cpu.reduce_into(d, s, _k)) for k in _MPI_OPS}
 _UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 _scratch = {}
 _fusion = None
@@ -152,7 +152,10 @@ def _scratch_for(dtype):
 
 
 def _scale(flat, factor):
-    np.multiply(flat, factor, out=flat, casting="unsafe")
+    if flat.dtype == np.float16 and flat.flags.c_contiguous:
+        cpu.scale(flat, factor)            # NumPy's bits, ~10x faster than NumPy's float16
+    else:
+        np.multiply(flat, factor, out=flat, casting="unsafe")
 
 
 def _device(fn_name):

@@ -36,6 +36,7 @@ from mpi4py import MPI
 
 from mpitrain.comm import check, watchdog, world
 from mpitrain.comm.fusion import SOLO_BYTES
+from mpitrain.kernels import cpu
 
 _executor = None
 _executor_lock = threading.Lock()
@@ -173,7 +174,7 @@ class BucketAllreduce:
                     continue
                 with tl.span("unpack", cat="comm", bucket=b.index):
                     for i, off, n in b.entries:
-                        arrays[i][...] = b.flat[off:off + n].reshape(arrays[i].shape)
+                        _assign(arrays[i], b.flat[off:off + n].reshape(arrays[i].shape))
             return arrays
         finally:
             self._reset_step()
@@ -198,7 +199,7 @@ class BucketAllreduce:
         if b.flat is not None:
             with tl.span("pack", cat="comm", bucket=b.index):
                 for i, off, n in b.entries:
-                    b.flat[off:off + n] = self._arrays[i].reshape(-1)
+                    _assign(b.flat[off:off + n], self._arrays[i].reshape(-1))
             flat = b.flat
         nbytes = b.total * b.dtype.itemsize
         if not self.overlap:
@@ -226,6 +227,15 @@ class BucketAllreduce:
                 self.reduce_flat(flat)
         finally:
             watchdog.leave()
+
+
+def _assign(dst, src):
+    """dst[...] = src; a float32 <-> float16 cast (fp16 compression) in the Numba kernel, which
+    gives NumPy's bits about 10x faster than NumPy's own float16 conversion."""
+    if dst.dtype != src.dtype and dst.flags.c_contiguous and src.flags.c_contiguous:
+        cpu.cast(dst, src)
+    else:
+        dst[...] = src
 
 
 def _timeline():
