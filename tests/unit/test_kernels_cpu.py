@@ -42,7 +42,7 @@ def test_memory_kernels(rng):
     h = k.empty((3, 4), np.float16)
     k.cast(h, a)
     np.testing.assert_array_equal(h, a.astype(np.float16))
-    k.scale(h, 2.0)                                     # float16: the NumPy path
+    k.scale(h, 2.0)                                     # float16: the Numba half path
     k.add(h, h)
     np.testing.assert_array_equal(h, a.astype(np.float16) * 4)
     k.fill(h, 1.0)
