@@ -21,8 +21,9 @@ Allreduce path:
   our Numba kernels, so both paths give identical integers;
 - ``MPITRAIN_ALLREDUCE=ring|mpi`` forces one path (comparisons, debugging).
 These settings are read once, at mt.init(), and must be the same on every rank (configure).
-Average is Sum followed by a scale of postscale_factor/N; prescale_factor multiplies the input
-first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
+Average is Sum followed by a scale of postscale_factor/N (on the ring, each rank scales the chunk
+it completes, before the allgather: 1/N of a pass instead of a whole one, same bits);
+prescale_factor multiplies the input first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
 
 Device arrays (anything exposing ``__cuda_array_interface__``) are handed to
 mpitrain/comm/device.py at one place, ``_device``; the host code never branches on array types.
@@ -131,13 +132,15 @@ def _allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
     algo = ALGORITHM
     use_ring = (flat.dtype == np.float16 or algo == "ring"
                 or (algo == "auto" and flat.nbytes >= RING_THRESHOLD_BYTES))
+    factor = postscale / comm.Get_size() if op is Average else postscale
     if comm.Get_size() > 1 and flat.size:
         if use_ring:
+            # each rank scales the chunk it completes, before the allgather: same bits
+            finish = None if factor == 1.0 else (lambda piece: _scale(piece, factor))
             ring_allreduce(comm, flat, _REDUCERS[kind], _scratch_for(flat.dtype),
-                           max(1, SUBCHUNK_BYTES // flat.dtype.itemsize))
-        else:
-            comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OPS[kind])
-    factor = postscale / comm.Get_size() if op is Average else postscale
+                           max(1, SUBCHUNK_BYTES // flat.dtype.itemsize), finish)
+            return flat
+        comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OPS[kind])
     if factor != 1.0:
         _scale(flat, factor)
     return flat

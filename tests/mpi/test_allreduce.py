@@ -259,3 +259,24 @@ def test_plans_step_aside_when_the_check_is_off(monkeypatch):
     monkeypatch.setattr(check, "_exchange", lambda *args: sent.append(args))
     np.testing.assert_array_equal(mt.allreduce(x, op=mt.Sum), np.full(16, N * (N + 1) / 2))
     assert sent == []
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+def test_ring_scales_each_chunk_once_where_it_is_reduced(dtype, monkeypatch):
+    """The ring applies Average's 1/N (and postscale) to the chunk each rank completes, before
+    the allgather: bitwise the same as scaling the whole summed buffer afterwards."""
+    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
+    monkeypatch.setattr(collectives, "SUBCHUNK_BYTES", 40)              # several pieces a chunk
+    monkeypatch.setattr(collectives, "_scratch", {})
+    for n in (1, N + 1, 257):
+        x = rank_input(R, n, dtype, mt.Sum)
+        if x.dtype.kind == "i":
+            x %= 1000                                   # x 3.0 must stay within int32
+        total = mt.allreduce(x, op=mt.Sum)
+        for op, post in ((mt.Average, 1.0), (mt.Average, 3.0), (mt.Sum, 0.25)):
+            want = total.copy()
+            factor = post / N if op is mt.Average else post
+            collectives._scale(want, factor)
+            got = mt.allreduce(x, op=op, postscale_factor=post)
+            assert got.tobytes() == want.tobytes(), (n, op, post)
+            assert_same_on_all_ranks(got)
