@@ -62,23 +62,6 @@ def test_agree_records_and_clears_the_collective():
     assert watchdog.sequence() - before == (2 if N > 1 else 0)
 
 
-@pytest.mark.timeout(30)
-def test_enter_leave_cost_is_small():
-    """The hot path: a couple of stores and time.monotonic(); generous bound for a busy box."""
-    seq = watchdog.sequence()
-    desc = ("allreduce", {"name": "x"}, None)
-    enter, leave = watchdog.enter, watchdog.leave
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20000):
-            enter(desc)
-            leave()
-        best = min(best, (time.perf_counter() - t0) / 20000)
-    watchdog._seq = seq          # keep agreement numbers aligned across ranks
-    assert best < 2e-6, f"enter+leave took {best * 1e9:.0f} ns"
-
-
 @multi_rank
 @pytest.mark.timeout(60)
 def test_late_rank_is_reported_missing(reports):
