@@ -1,5 +1,5 @@
 """Timeline: Chrome-trace event format, merging ranks through a fake communicator, atomic write,
-and the cost of a span with the timeline off and on (``span_overhead_ns`` is the benchmark)."""
+and what a span costs when the timeline is off (``span_overhead_ns`` measures it; not asserted)."""
 import json
 import os
 import time
@@ -210,13 +210,15 @@ def test_current_and_activate(tmp_path):
     assert not timeline.current().enabled
 
 
-def test_span_overhead_off_is_small_and_below_on():
-    off = span_overhead_ns(False)
-    on = span_overhead_ns(True)
-    print(f"span overhead: off {off:.0f} ns, on {on:.0f} ns")
-    assert off < on
-    # Generous bound for a shared 2-core machine; measured ~0.2 us off, ~1 us on.
-    assert off < 2000
+def test_span_when_off_is_one_shared_object_and_records_nothing():
+    """Off, a span costs one attribute check: the same do-nothing object every time (its cost
+    is measured by ``span_overhead_ns``, a benchmark, not asserted here)."""
+    tl = Timeline(None, 0)
+    spans = {id(tl.span("allreduce", cat="comm", bucket=i)) for i in range(3)}
+    assert len(spans) == 1
+    with tl.span("pack"):
+        pass
+    assert [e for e in tl.events() if e["ph"] != "M"] == []       # metadata only
 
 
 def test_summarize_and_cli(tmp_path, capsys):
