@@ -23,9 +23,10 @@ fraction of a step spent in gradient averaging, as measured by the trainer).
 per-rank batch, no communication at all) and report their summed throughput as a speedup, the
 "no-comm ceiling": what N ranks would reach on this machine if averaging were free. The gap
 between it and N is the machine (shared memory bandwidth and caches, clock), the gap between the
-real speedup and it is ours (communication and synchronisation). On the 2-core box the MLP's
-ceiling is about 1.8: two replicas' weights, gradients and momentum (2 x 22 MB) no longer fit the
-32 MB L3 that one of them fits.
+real speedup and it is ours (communication and synchronisation). Each independent job gets the
+thread budget one of the N ranks would get (cores / N) unless ``--threads`` is passed through.
+On the 2-core box the MLP's ceiling at N=2 measured 1.94 (300 steps, best of 3): two replicas
+share the 32 MB L3 and the memory bandwidth.
 
 Oversubscription: a point with N above the cores this process may use cannot scale (ranks take
 turns on a core); it is still run, but a warning is printed and the point is marked ``*`` in the
@@ -316,12 +317,15 @@ def run_point(n, model, args, runs_dir, cores, repeat):
 def run_ceiling(n, model, args, runs_dir, repeat):
     """N independent single-rank jobs at once (no communication); their summed samples/s."""
     batch = per_rank_batch(args.mode, args.batch_size, n)
+    extra = list(args.extra)
+    if threads_flag(extra) is None:         # as one of N ranks on this node would get
+        extra += ["--threads", str(max(1, usable_cores() // n))]
     jobs = []
     for i in range(n):
         metrics = runs_dir / f"{model}-{args.mode}-n{n}-alone{i}-r{repeat}.jsonl"
         metrics.unlink(missing_ok=True)
         cmd = build_command(1, model, args.dataset, batch, args.steps, metrics, args.timeout,
-                            args.extra)
+                            extra)
         log = metrics.with_suffix(".log")
         with open(log, "w") as f:
             f.write(f"$ {shlex.join(cmd)}\n")

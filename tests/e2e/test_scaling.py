@@ -104,7 +104,10 @@ def test_ceiling_runs_independent_single_rank_jobs(tmp_path, fake_env):
         assert by_n[n]["ceiling_samples_per_sec"] == pytest.approx(1000.0 * n)
         assert by_n[n]["ceiling_speedup"] == pytest.approx(n)
         assert by_n[n]["speedup"] == pytest.approx(1 + 0.8 * (n - 1))
-    assert len(list((out / "runs").glob("*alone*.log"))) == 2 + 3
+    logs = sorted((out / "runs").glob("*alone*.log"))
+    assert len(logs) == 2 + 3
+    cores = load_scaling().usable_cores()
+    assert f"--threads {max(1, cores // 3)}" in [p for p in logs if "-n3-" in p.name][0].read_text()
     assert "no-comm ceiling" in proc.stdout and "| 2.00 |" in proc.stdout
     env = dict(fake_env, FAKE_FAIL_N="1")       # the independent jobs are 1-rank jobs
     proc = run_scaling(["--ranks", "2", "--steps", "2", "--out", str(tmp_path / "o2"),
