@@ -365,7 +365,12 @@ def _print_config(config, size, n_threads, backend, model):
 
 def run(config):
     """Train as ``config`` says; returns the summary record (the same dict on every rank)."""
-    mt.init()
+    try:
+        mt.init()
+    except (ValueError, mt.CollectiveError) as exc:
+        # A bad MPITRAIN_* setting (the same ValueError on every rank) or settings that differ
+        # across ranks (CollectiveError on every rank): bad input, not a crash.
+        raise UsageError(str(exc)) from None
     rank, size = mt.rank(), mt.size()
     n_threads = threads.configure(config.threads, mt.local_size())
 

@@ -164,6 +164,20 @@ def test_bad_input_seen_by_one_rank_only_still_exits_2_everywhere(tmp_path):
     assert p.stderr.strip() == "mpitrain: error: /node2/data: no such directory (rank 1 only)"
 
 
+@pytest.mark.parametrize("env, needle", [
+    ({"MPITRAIN_RING_THRESHOLD": "lots"}, "MPITRAIN_RING_THRESHOLD='lots' is not an integer"),
+    ({"MPITRAIN_ALLREDUCE": "tree"}, "MPITRAIN_ALLREDUCE='tree': expected ring, mpi or auto"),
+    ({"MPITRAIN_STALL_WARNING": "-1"}, "MPITRAIN_STALL_WARNING='-1' must be >= 0"),
+])
+def test_bad_comm_setting_is_one_line_exit_2(tmp_path, env, needle):
+    """The comm layer's MPITRAIN_* settings are read (and agreed) at mt.init(): a bad one is bad
+    input like a bad flag -- one line on rank 0, exit 2 everywhere, no traceback."""
+    p = mpitrain(2, *TINY, "--steps", "2", cwd=tmp_path, env=env)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mpitrain: error: {needle}"), p.stderr
+
+
 def test_help_prints_once(tmp_path):
     p = mpitrain(2, "--help", cwd=tmp_path)
     assert p.returncode == 0
