@@ -407,6 +407,5 @@ def _print_report(stall):
 
 
 def _abort(stall):
-    sys.stderr.write(f"{stall.line}; aborting the job (MPITRAIN_STALL_SHUTDOWN)\n")
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(1)
+    from mpitrain.comm import world            # world imports this module: import here
+    world.abort(f"{stall.line}; aborting the job (MPITRAIN_STALL_SHUTDOWN)")

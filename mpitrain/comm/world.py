@@ -21,6 +21,7 @@ tears the whole job down with a non-zero exit.
 import os
 import sys
 import threading
+import time
 import traceback
 
 from mpi4py import MPI
@@ -157,6 +158,22 @@ def cross_size():
     return _world().cross_size
 
 
+ABORT_GRACE_S = 0.5
+
+
+def abort(message):
+    """Print ``message`` on stderr and end the whole MPI job (exit code 1 from the launcher).
+
+    The pause lets the launcher forward the message first: Abort tears every process down at
+    once, and a loaded machine otherwise loses the one line that says why (seen with mpich's
+    hydra: the job ended non-zero with empty output).
+    """
+    sys.stderr.write(message if message.endswith("\n") else message + "\n")
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    MPI.COMM_WORLD.Abort(1)
+
+
 def install_abort_hook():
     """Make an uncaught exception on any rank abort the whole MPI job instead of hanging it."""
     if getattr(sys.excepthook, "_mpitrain_abort", False):
@@ -168,9 +185,7 @@ def install_abort_hook():
             return previous(exc_type, exc, tb)
         r = MPI.COMM_WORLD.Get_rank()
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"[rank {r}] uncaught exception, aborting the MPI job:\n{text}")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort(f"[rank {r}] uncaught exception, aborting the MPI job:\n{text}")
 
     def thread_hook(args):
         hook(args.exc_type, args.exc_value, args.exc_traceback)
