@@ -13,6 +13,9 @@ descriptions (pickled; the slow path is the error path) and build the same messa
 differing field with the ranks that hold each value. Every rank then raises, before any data
 moves, so the communicator stays usable. The measured cost is in docs/benchmarks.md.
 ``MPITRAIN_CHECK=0`` turns the exchange off (a mismatch then hangs or corrupts, as in MPI).
+``Prepared`` is the same agreement computed once for a call that repeats (collectives.py's
+steady-state allreduce). The exchange is the one place the stall watchdog (watchdog.py) marks as
+"in a collective".
 
 Local validation errors (a bad root, a non-array) travel in the description too: if only some
 ranks see one, all raise CollectiveError naming those ranks; if all see the same one, all raise
