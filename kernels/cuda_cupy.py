@@ -14,7 +14,7 @@ line saying what to install or which flag to use; the CLI turns it into exit cod
 """
 import numpy as np
 
-from mpitrain.kernels import dropout_hash
+from mpitrain.kernels import dropout_hash, im2col_shape
 
 try:
     import cupy as cp
@@ -297,25 +297,15 @@ _nchw_to_nhwc = cp.ElementwiseKernel(
     """, "mpitrain_nchw_to_nhwc")
 
 
-def _out_size(size, k, stride, pad):
-    return (size + 2 * pad - k) // stride + 1
-
-
 def im2col(x, cols, kh, kw, stride, pad):
     x, cols = _dev(x), _dev(cols)
-    n, c, h, w = x.shape
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-    if cols.shape != (n * oh * ow, c * kh * kw):
-        raise ValueError(f"im2col: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    c, h, w, oh, ow = im2col_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
     _im2col(x, c, h, w, kh, kw, stride, pad, oh, ow, cols)
 
 
 def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
-    n, c, h, w = dx.shape
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-    if cols.shape != (n * oh * ow, c * kh * kw):
-        raise ValueError(f"col2im: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    c, h, w, oh, ow = im2col_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
     _col2im(cols, c, h, w, kh, kw, stride, pad, oh, ow, dx)
 
 

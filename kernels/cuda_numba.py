@@ -26,7 +26,7 @@ import sys
 import numpy as np
 from numba import config, cuda, float64, from_dtype
 
-from mpitrain.kernels import dropout_hash
+from mpitrain.kernels import dropout_hash, im2col_shape
 
 name = "cuda-numba"
 
@@ -473,10 +473,6 @@ def count_correct(logits, labels):
 
 # --- Convolution --------------------------------------------------------------------------------
 
-def _out_size(size, k, stride, pad):
-    return (size + 2 * pad - k) // stride + 1
-
-
 @cuda.jit
 def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
     n_, c_n, h_n, w_n = x.shape
@@ -503,10 +499,7 @@ def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
 
 def im2col(x, cols, kh, kw, stride, pad):
     x, cols = _dev(x), _dev(cols)
-    n, c, h, w = x.shape
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-    if cols.shape != (n * oh * ow, c * kh * kw):
-        raise ValueError(f"im2col: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    *_, oh, ow = im2col_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
     if cols.size:
         _im2col_k[_grid(cols.size)](x, cols, kh, kw, stride, pad, oh, ow)
 
@@ -541,10 +534,7 @@ def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n):
 
 def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
-    n, c, h, w = dx.shape
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-    if cols.shape != (n * oh * ow, c * kh * kw):
-        raise ValueError(f"col2im: cols {cols.shape} != {(n * oh * ow, c * kh * kw)}")
+    *_, oh, ow = im2col_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
     if dx.size:
         _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow)
 

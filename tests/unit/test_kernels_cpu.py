@@ -254,3 +254,13 @@ def test_adam_update_vs_numpy(rng):
         np.testing.assert_allclose(p, rp, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="step"):
         k.adam_update(p, g, m, v, lr, b1, b2, eps, wd, 0)
+
+
+def test_im2col_shape_dims_and_refusal():
+    """The device backends' shared geometry: sizes as the CPU kernels compute them, and a cols
+    buffer of the wrong shape refused with one message naming the kernel."""
+    from mpitrain.kernels import im2col_shape
+    assert im2col_shape.dims("im2col", (2, 3, 7, 5), (2 * 4 * 3, 3 * 9), 3, 3, 2, 1) == \
+        (3, 7, 5, 4, 3)
+    with pytest.raises(ValueError, match=r"col2im: cols \(23, 27\) != \(24, 27\)"):
+        im2col_shape.dims("col2im", (2, 3, 7, 5), (23, 27), 3, 3, 2, 1)
