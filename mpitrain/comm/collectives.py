@@ -297,7 +297,11 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
     if src is not out:
         out[...] = src
     if check.usable(comm) and len(_plans) < _MAX_PLANS:
-        plan_key = _plan_key(a, op_arg, name, pre_arg, post_arg, algo)
+        plan_key = _plan_key(a, op_arg, name, pre_arg, post_arg)
+        try:
+            hash(plan_key)
+        except TypeError:                               # e.g. an unhashable name: no plan
+            plan_key = None
         if plan_key is not None:
             _plans[plan_key] = _Plan(comm, fields, key, a, op, pre, post, inline)
     return out
@@ -309,25 +313,19 @@ _MAX_PLANS = 1024
 _plans = {}                 # _plan_key(...) -> _Plan
 
 
-def _plan_key(a, op, name, prescale, postscale, algo):
-    """What must be equal for a call to repeat an earlier one; None for unhashable arguments.
+def _plan_key(x, op, name, prescale, postscale):
+    """What must be equal for a call to repeat an earlier one (the arguments as given).
 
-    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0;
-    plans exist only while the check runs (the last item: ``check.enabled`` at lookup).
+    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0; so
+    are the path setting and ``check.enabled``: plans exist only while the check runs.
     """
-    key = (a.shape, a.dtype, op, name, prescale, prescale.__class__, postscale,
-           postscale.__class__, algo, True)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return (x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
+            postscale.__class__, ALGORITHM, check.enabled)
 
 
 def _plan_for(x, op, name, prescale, postscale):
     try:
-        return _plans.get((x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
-                           postscale.__class__, ALGORITHM, check.enabled))
+        return _plans.get(_plan_key(x, op, name, prescale, postscale))
     except TypeError:                                   # e.g. an unhashable name: no plan
         return None
 
