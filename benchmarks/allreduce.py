@@ -80,13 +80,10 @@ def bench_size(comm, nbytes, budget_s):
     ours(), theirs()                                               # warm-up (JIT, buffers)
     iters = comm.bcast(iterations(n * 4, budget_s), root=0)
     t_ours, t_mpi = [], []
+    sides = [(t_ours, ours), (t_mpi, theirs)]
     for i in range(iters):          # alternate who goes first: neither inherits the other's cache
-        if i % 2:
-            t_mpi.append(timed(theirs, comm))
-            t_ours.append(timed(ours, comm))
-        else:
-            t_ours.append(timed(ours, comm))
-            t_mpi.append(timed(theirs, comm))
+        for times, fn in (sides if i % 2 == 0 else sides[::-1]):
+            times.append(timed(fn, comm))
     slowest = slowest_rank(comm, np.median(t_ours), np.median(t_mpi), min(t_ours), min(t_mpi))
     return (n * 4, iters) + tuple(float(v) for v in slowest)
 
