@@ -52,7 +52,9 @@ class Config:
 
     model: str = _opt("mlp", "model from the zoo", choices=MODELS)
     dataset: str = _opt("fashion-mnist", "training/test data", choices=DATASETS)
-    data_dir: Optional[str] = _opt(None, "dataset folder (default: mpitrain.data's search path)")
+    data_dir: Optional[str] = _opt(None, "dataset folder, the only place looked in: missing or "
+                                         "lacking the files is an error (default: mpitrain.data's "
+                                         "search path)")
     epochs: int = _opt(1, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs; a resumed run "
                                       "continues up to it")

@@ -2,8 +2,12 @@
 
     fetch   make NAME available: nothing if it is already found (e.g. installed by Debian's
             dataset-fashion-mnist), else download from the official source with SHA-256 checks
-            into D/<name>, $MPITRAIN_DATA/<name> or ~/.cache/mpitrain/<name>
+            into D/<name>, $MPITRAIN_DATA_DIR/<name> or ~/.cache/mpitrain/<name> (D is created)
     info    where NAME was found, each file's size and what its header says (no full load)
+
+A given data dir (--data-dir D, else $MPITRAIN_DATA_DIR, else the older $MPITRAIN_DATA) is the
+only place `info` looks in: a D that does not exist or lacks the files is an error naming D, never
+a silent fall-back to ~/.cache/mpitrain or /usr/share/datasets.
 
 Exit status: 0 ok; 2 on any data problem (not found, offline, checksum, corrupt file), with one
 line on stderr saying what is wrong and what to do.
@@ -55,8 +59,9 @@ def main(argv=None):
         sub.add_argument("name", choices=sorted(SPECS), metavar="NAME",
                          help=f"one of: {', '.join(SPECS)}")
         sub.add_argument("--data-dir", default=None, metavar="D",
-                         help="dataset root (files in D/NAME or D); default: $MPITRAIN_DATA, "
-                              "~/.cache/mpitrain, /usr/share/datasets")
+                         help="dataset root (files in D/NAME or D), the only place looked in; "
+                              "default: $MPITRAIN_DATA_DIR, else ~/.cache/mpitrain and "
+                              "/usr/share/datasets")
         if command == "fetch":
             sub.add_argument("--force", action="store_true",
                              help="download even if the dataset is found elsewhere")

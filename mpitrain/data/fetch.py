@@ -2,10 +2,11 @@
 
     fetch("fashion-mnist")          # -> directory holding the files
 
-1. If locate() already finds the dataset anywhere (e.g. Debian's /usr/share/datasets), say where
-   and stop: no download, no second copy.
+1. If locate() already finds the dataset (on the search path, e.g. Debian's /usr/share/datasets;
+   with a given data dir, only there), say where and stop: no download, no second copy.
 2. Otherwise download each file of catalog.py's sources into the target directory
-   (data_dir/<name>, else $MPITRAIN_DATA/<name>, else ~/.cache/mpitrain/<name>):
+   (data_dir/<name>, else $MPITRAIN_DATA_DIR/<name>, else ~/.cache/mpitrain/<name>; a given
+   data dir is a destination here, so it is created if missing):
    stream into a temp file *in that directory* (".name.XXXX.part"), hashing as it arrives, fsync,
    compare the SHA-256 with the pinned one, and only then os.replace() it onto the final name
    (atomic on POSIX, same file system). A failed check, a dropped connection or Ctrl-C deletes

@@ -246,3 +246,53 @@ def test_bad_input_one_line_on_rank_0_exit_2_no_files(tmp_path, case):
     assert p.stdout == ""
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert after == before                           # no metrics, no save, no checkpoint
+
+
+def _fake_search_path(tmp_path):
+    """A per-user cache ($XDG_CACHE_HOME/mpitrain/fashion-mnist) holding a tiny valid
+    Fashion-MNIST (32 train, 4 test samples): what a silent fall-back would train on."""
+    import struct
+    cache = tmp_path / "cache"
+    folder = cache / "mpitrain" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 32), ("t10k", 4)):
+        for kind, shape in (("images-idx3", (n, 28, 28)), ("labels-idx1", (n,))):
+            array = rng.integers(0, 10, shape, dtype=np.uint8)
+            header = struct.pack(">HBB", 0, 8, array.ndim) + struct.pack(f">{array.ndim}I",
+                                                                         *array.shape)
+            (folder / f"{prefix}-{kind}-ubyte").write_bytes(header + array.tobytes())
+    return {"XDG_CACHE_HOME": str(cache)}
+
+
+DATA_DIR_CASES = {
+    "--data-dir that does not exist": (["--data-dir", "{tmp}/typo"], {}, "{tmp}/typo"),
+    "--data-dir without the files": (["--data-dir", "{tmp}/empty"], {}, "{tmp}/empty"),
+    "MPITRAIN_DATA_DIR that does not exist": ([], {"MPITRAIN_DATA_DIR": "{tmp}/typo"},
+                                              "{tmp}/typo"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_DIR_CASES))
+def test_given_data_dir_is_not_replaced_by_the_search_path(tmp_path, case):
+    """A data dir the user named is authoritative: missing (or lacking the files) is one line
+    naming it and exit 2 on every rank -- even though the search path holds a usable copy."""
+    env = _fake_search_path(tmp_path)
+    base = [("fashion-mnist" if f == "synthetic" else f) for f in TINY] + ["--steps", "2"]
+    p = mpitrain(1, *base, cwd=tmp_path, env=env)            # the fake search path works
+    assert p.returncode == 0 and "test accuracy:" in p.stdout, p.stderr[-2000:]
+    (tmp_path / "empty").mkdir()
+    flags, more_env, named = DATA_DIR_CASES[case]
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    env.update({k: v.format(tmp=tmp_path) for k, v in more_env.items()})
+    named = named.format(tmp=tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    p = mpitrain(2, *base, *flags, "--metrics-json", str(tmp_path / "m.jsonl"), cwd=tmp_path,
+                 env=env)
+    assert p.returncode == 2, (p.returncode, p.stdout[-1000:], p.stderr[-2000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("mpitrain: error: fashion-mnist: data ") and named in lines[0]
+    assert str(tmp_path / "cache") not in lines[0]
+    assert p.stdout == ""
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -43,6 +43,7 @@ def sha(data):
 def env(tmp_path, monkeypatch):
     """Isolated roots, and a 'server' folder of tiny Fashion-MNIST files served as file:// URLs."""
     monkeypatch.delenv("MPITRAIN_DATA", raising=False)
+    monkeypatch.delenv("MPITRAIN_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(locate_mod, "SYSTEM_ROOT", tmp_path / "system")
     server = tmp_path / "server"
@@ -250,3 +251,35 @@ def test_info_cli(env, monkeypatch, capsys):
     assert f"found in {folder}" in out and "uint8 5x28x28" in out and "uint8 3" in out
     assert main(["info", "mnist"]) == 2
     assert "data not found" in capsys.readouterr().err
+
+
+def _install_system_copy(root, payloads):
+    system = root / "system" / "fashion-mnist"
+    system.mkdir(parents=True)
+    for filename, data in payloads.items():
+        (system / filename).write_bytes(data)
+    return system
+
+
+def test_fetch_into_a_new_data_dir_even_when_the_search_path_has_it(env, monkeypatch):
+    """--data-dir is a destination for fetch: created if missing, filled even though the search
+    path holds a copy (later runs with the same --data-dir look there only)."""
+    root, server, payloads = env
+    serve_fashion(monkeypatch, server, payloads)
+    _install_system_copy(root, payloads)
+    where = fetch_mod.fetch("fashion-mnist", data_dir=root / "new" / "dir", log=lambda *a: None)
+    assert where == root / "new" / "dir" / "fashion-mnist"
+    assert sorted(p.name for p in where.iterdir()) == sorted(payloads)
+    assert mt.data.locate("fashion-mnist", data_dir=root / "new" / "dir") == where
+
+
+def test_info_with_a_missing_data_dir_is_one_line_exit_2(env, capsys):
+    root, _, payloads = env
+    _install_system_copy(root, payloads)
+    assert main(["info", "fashion-mnist"]) == 0
+    capsys.readouterr()
+    assert main(["info", "fashion-mnist", "--data-dir", str(root / "typo")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: fashion-mnist: data dir {root / 'typo'} does not exist")
+    assert not (root / "typo").exists()

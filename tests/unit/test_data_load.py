@@ -1,6 +1,7 @@
 """load(): IDX datasets from generated files (normalisation, splits, errors) and, when installed,
 the real Fashion-MNIST."""
 import gzip
+import importlib
 import struct
 
 import numpy as np
@@ -8,6 +9,8 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.data import DataError, Dataset
+
+locate_mod = importlib.import_module("mpitrain.data.locate")   # mt.data.locate is the function
 
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
@@ -40,6 +43,7 @@ def make_idx_dataset(folder, sizes=(6, 4), gz=True, seed=0, image_hw=(28, 28)):
 @pytest.fixture(autouse=True)
 def no_env(monkeypatch):
     monkeypatch.delenv("MPITRAIN_DATA", raising=False)
+    monkeypatch.delenv("MPITRAIN_DATA_DIR", raising=False)
 
 
 @pytest.mark.parametrize("name,mean,std,gz", [("fashion-mnist", 0.2860, 0.3530, True),
@@ -96,6 +100,40 @@ def test_truncated_real_layout_file(tmp_path):
     path.write_bytes(gzip.compress(data[:-100]))
     with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: truncated"):
         mt.data.load("fashion-mnist", "train", data_dir=tmp_path)
+
+
+@pytest.fixture
+def search_path_has_it(tmp_path, monkeypatch):
+    """A fake HOME whose ~/.cache/mpitrain, and a fake /usr/share/datasets, hold Fashion-MNIST."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(locate_mod, "SYSTEM_ROOT", tmp_path / "system")
+    make_idx_dataset(tmp_path / "home" / ".cache" / "mpitrain" / "fashion-mnist", sizes=(5, 2))
+    make_idx_dataset(tmp_path / "system" / "fashion-mnist", sizes=(7, 3), gz=False)
+    assert len(mt.data.load("fashion-mnist")) == 5             # the search path finds it
+    return tmp_path
+
+
+@pytest.mark.parametrize("how", ["argument", "MPITRAIN_DATA_DIR", "MPITRAIN_DATA"])
+def test_given_data_dir_is_authoritative(search_path_has_it, monkeypatch, how):
+    """A data dir that is missing, or lacks the files, is an error naming it -- never a silent
+    load of the copy the search path would find."""
+    root = search_path_has_it
+    missing, empty = root / "typo", root / "empty"
+    empty.mkdir()
+    for path, why in ((missing, "does not exist"), (empty, "data not found in")):
+        data_dir = str(path)
+        if how != "argument":
+            monkeypatch.setenv(how, str(path))
+            data_dir = None
+        with pytest.raises(ValueError) as info:                # DataError is a ValueError
+            mt.data.load("fashion-mnist", "train", data_dir=data_dir)
+        assert isinstance(info.value, DataError)
+        msg = str(info.value)
+        assert str(path) in msg and why in msg and "\n" not in msg, msg
+    assert not missing.exists()
+    make_idx_dataset(empty / "fashion-mnist", sizes=(4, 1))
+    assert len(mt.data.load("fashion-mnist", data_dir=None if how != "argument" else empty)) == 4
 
 
 def test_dataset_validates_its_arrays():
