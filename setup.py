@@ -16,6 +16,9 @@ setup(
     extras_require={
         # The MPI runtime from PyPI; leave it out to use a system MPI (MPIEXEC=...).
         "mpich": ["mpich"],
+        # The benchmarks' optional modules (benchmarks/benchdeps.py): matplotlib for the PNGs.
+        # "plot" is the older name of the same extra.
+        "bench": ["matplotlib"],
         "plot": ["matplotlib"],
         "cuda": ["cupy-cuda12x"],
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis"],

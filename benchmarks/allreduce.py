@@ -10,19 +10,25 @@ the median over iterations of the slowest rank. algbw = bytes / time; busbw = al
 ours is faster). Before timing each size, both results are checked against the exact expected
 sum; a wrong value prints the size and exits 1 (on every rank). The check cost (cross-rank
 agreement, mpitrain/comm/check.py) is measured at small sizes as ours with the check on vs off.
-Rank 0 prints the table and writes JSON (and a PNG with --plot).
+Rank 0 prints the table and writes JSON (and a PNG with --plot, which needs matplotlib:
+``pip install 'mpitrain[bench]'``; without it --plot stops with one line and exit 2 before any
+timing).
 """
 import argparse
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitrain as mt
 from mpitrain.comm import check
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
+import benchdeps  # noqa: E402
 
 
 def parse_bytes(text):
@@ -123,6 +129,15 @@ def main(argv=None):
     mt.init()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    # --plot asks for a PNG: no matplotlib is bad input, found before the first timing. Rank 0
+    # alone draws, so its verdict is every rank's (all stop together, none waits in a collective).
+    error = benchdeps.require("matplotlib", "--plot") if rank == 0 and args.plot is not None \
+        else None
+    error = comm.bcast(error, root=0)
+    if error:
+        if rank == 0:
+            print(f"allreduce: error: {error}", file=sys.stderr)
+        return 2
     lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     sizes = [1 << k for k in range(2, 40) if lo <= (1 << k) <= hi]
     results = []

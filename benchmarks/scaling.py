@@ -35,7 +35,9 @@ table, ``"oversubscribed": true`` in the JSON and a hollow marker in the plot.
 Outputs in ``--out``: ``scaling-<mode>.json`` (every point + the sweep's settings),
 ``scaling-<mode>.png`` (throughput and efficiency vs N against the ideal), ``runs/`` (each job's
 metrics and log). ``--markdown [PATH]`` also writes the table as markdown (to PATH, else
-stdout), with the command line, for pasting into docs/benchmarks.md.
+stdout), with the command line, for pasting into docs/benchmarks.md. The PNG needs matplotlib
+(``pip install 'mpitrain[bench]'``); without it the JSON and markdown are still written and the
+PNG is skipped with one line (benchdeps.py).
 A failed job stops the sweep: one line naming the point and the job's last error line, exit 1.
 
 Environment: ``MPIEXEC`` (default <repo>/.venv/bin/mpiexec; may carry flags, e.g.
@@ -52,6 +54,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
+import benchdeps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("mlp", "lenet", "cifar_cnn")
@@ -438,11 +443,14 @@ def main(argv=None):
     json_path = out / f"scaling-{args.mode}.json"
     json_path.write_text(json.dumps(doc, indent=1) + "\n")
     png_path = out / f"scaling-{args.mode}.png"
-    plot(best, png_path, args.mode,
-         title=f"{args.mode} scaling, {args.dataset}, batch {args.batch_size}"
-               f"{' per rank' if args.mode == 'weak' else ' global'}, {cores} cores",
-         cores=cores)
-    print(f"wrote {json_path} and {png_path}", file=sys.stderr)
+    wrote = [json_path]
+    if benchdeps.can_plot(png_path):        # the results above are kept either way
+        plot(best, png_path, args.mode,
+             title=f"{args.mode} scaling, {args.dataset}, batch {args.batch_size}"
+                   f"{' per rank' if args.mode == 'weak' else ' global'}, {cores} cores",
+             cores=cores)
+        wrote.append(png_path)
+    print(f"wrote {' and '.join(map(str, wrote))}", file=sys.stderr)
     return 0
 
 

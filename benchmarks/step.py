@@ -17,6 +17,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
+import benchdeps  # noqa: E402
 
 MODELS = ("mlp", "lenet", "cifar_cnn")
 
@@ -33,7 +37,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=5, help="rounds (step timing + GEMM timing)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (JIT, workspaces)")
     ap.add_argument("--torch", action="store_true",
-                    help="also time the same model in PyTorch, if it is importable (comparison)")
+                    help="also time the same model in PyTorch (comparison; without torch: "
+                         "one line, exit 2, before any timing)")
     ap.add_argument("--profile", action="store_true",
                     help="also print the time per kernel call site (synchronizing after each)")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
@@ -134,11 +139,8 @@ def profile_kernels(k, step, steps):
 
 
 def torch_step_ms(name, batch, threads, steps, rounds, warmup):
-    """Median-of-rounds best step time of the same architecture in PyTorch (CPU), or None."""
-    try:
-        import torch
-    except ImportError:
-        return None
+    """Median-of-rounds best step time of the same architecture in PyTorch (CPU)."""
+    import torch
     from torch import nn
     torch.set_num_threads(threads)
     if name == "mlp":
@@ -180,6 +182,12 @@ def torch_step_ms(name, batch, threads, steps, rounds, warmup):
 def main(argv=None):
     args = parse_args(argv)
     set_threads(args.threads)
+    # --torch asks for the comparison: no PyTorch is bad input, found before the first timing
+    # (after set_threads: importing torch loads NumPy, whose BLAS reads the thread variables).
+    error = benchdeps.require("torch", "--torch") if args.torch else None
+    if error:
+        print(f"step: error: {error}", file=sys.stderr)
+        sys.exit(2)
     import numpy as np
     import numba
 
@@ -294,12 +302,9 @@ def main(argv=None):
         if args.torch:
             got = torch_step_ms(name, args.batch, args.threads, args.steps, args.rounds,
                                 args.warmup)
-            if got is None:
-                print(f"{'':10s} PyTorch not importable; no comparison")
-            else:
-                res["torch_step_ms"], res["torch_version"] = got
-                print(f"{'':10s} PyTorch {got[1]} same model: {got[0]:.2f} ms/step (best "
-                      f"round median); mpitrain/PyTorch {best['step_ms'] / got[0]:.2f}")
+            res["torch_step_ms"], res["torch_version"] = got
+            print(f"{'':10s} PyTorch {got[1]} same model: {got[0]:.2f} ms/step (best "
+                  f"round median); mpitrain/PyTorch {best['step_ms'] / got[0]:.2f}")
     paths = [args.json] if args.json else []
     if args.out:
         os.makedirs(args.out, exist_ok=True)
