@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from mpitrain.comm import collectives, overlap
+from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
@@ -17,21 +18,64 @@ OVERLAP_BUCKET_BYTES = 4 * 1024 * 1024
 
 
 def broadcast_parameters(params, root_rank=0):
-    """Overwrite every parameter in place with root_rank's values.
+    """Overwrite every parameter in place with root_rank's values (Horovod's spellings).
 
-    params: a dict name -> array (host or device: anything mpitrain.comm.device.is_device_array
-    accepts), or an iterable of (name, Parameter) pairs (anything with a ``.data`` array, e.g.
-    ``model.named_parameters()``). Names are broadcast in sorted order for
-    dicts and in the given order otherwise; the cross-rank check (mt.CollectiveError) catches
-    ranks whose parameter lists differ.
+    params, any of:
+    - ``model.state_dict()`` or any dict name -> array (host or device) or Parameter: the arrays
+      are written in place, so the model they belong to changes (broadcast in sorted name order);
+    - ``model.named_parameters()``: an iterable of (name, Parameter or array) pairs;
+    - ``model.parameters()``: an iterable of Parameters (or arrays), named by position -- every
+      rank must list them in the same order, as a model's own ``parameters()`` does.
+    Anything that cannot be written back (a list, a scalar, a read-only array, a pair that is not
+    (name, array)) is a ValueError, and a difference in names across ranks a CollectiveError:
+    raised on every rank, before any data moves, never ignored.
     """
-    if isinstance(params, dict):
-        items = sorted(params.items())
-    else:
-        items = list(params)
-    for name, p in items:
-        array = p if isinstance(p, np.ndarray) or _is_device_array(p) else p.data
+    items, error = _writable_arrays(params)
+    names = [name for name, _ in items]
+    # One agreement first: a rank whose input is bad must not leave the others in a broadcast.
+    reports = collectives.allgather_object((error, names))
+    errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(reports) if e is not None]
+    if errors:
+        raise ValueError("broadcast_parameters: " + "; ".join(errors))
+    if any(other != names for _, other in reports):
+        differ = [r for r, (_, other) in enumerate(reports) if other != reports[0][1]]
+        raise CollectiveError(
+            f"broadcast_parameters: the parameter names of ranks {differ} differ from rank 0's "
+            f"({len(reports[0][1])} names starting {reports[0][1][:3]})")
+    for name, array in items:
         collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}")
+
+
+def _writable_arrays(params):
+    """``([(name, array)], error)``: the arrays broadcast_parameters writes into, or why not."""
+    if isinstance(params, dict):
+        pairs = sorted(params.items())
+    else:
+        try:
+            pairs = list(params)
+        except TypeError:
+            return [], (f"expected a dict of arrays, (name, parameter) pairs or parameters, got "
+                        f"{type(params).__name__}")
+        if pairs and not isinstance(pairs[0], tuple):      # model.parameters(): no names
+            pairs = [(f"param.{i}", p) for i, p in enumerate(pairs)]
+    items = []
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            return [], (f"expected (name, parameter) pairs; got {type(pair).__name__} "
+                        f"among them")
+        name, value = pair
+        # an array as is; otherwise its .data (a Parameter's; NumPy's own .data is a buffer)
+        array = value if isinstance(value, np.ndarray) else getattr(value, "data", value)
+        if _is_device_array(array):
+            items.append((str(name), array))
+            continue
+        if not isinstance(array, np.ndarray):
+            return [], (f"{name!r} is a {type(value).__name__}, which cannot be written back "
+                        f"in place; pass the model's arrays (model.state_dict()) or Parameters")
+        if not array.flags.writeable:
+            return [], f"{name!r} is a read-only array; it cannot be written back in place"
+        items.append((str(name), array))
+    return items, None
 
 
 # --- Horovod-style optimizer wrapper and PNNL weight averaging -----------------------------------

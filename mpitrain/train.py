@@ -330,7 +330,8 @@ class _Trainer:
                     "seed": c.seed, "epoch": self.epoch, "epoch_position_samples": self.pos,
                     "global_batch": self.global_batch, "ranks_at_save": self.size,
                     "hidden": list(c.hidden) if c.hidden else None}
-            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(), opt_state, meta)
+            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(copy=True), opt_state,
+                      meta)
         self.last_checkpoint_step = self.step
 
     # -- timing --------------------------------------------------------------------------------
@@ -495,7 +496,7 @@ def _loop(t, metrics):
     acc, test_loss, correct, total = t.last_eval
     sps, step_ms, comm_ms = t.timing()
     if c.save and t.rank == 0:
-        ckpt.atomic_savez(c.save, t.model.state_dict())
+        ckpt.atomic_savez(c.save, t.model.state_dict(copy=True))
     summary = {"event": "summary", "test_accuracy": acc, "test_loss": test_loss,
                "test_correct": correct, "test_samples": total,
                "samples_per_sec": sps, "step_time_ms": step_ms, "comm_time_ms": comm_ms,

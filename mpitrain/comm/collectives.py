@@ -23,7 +23,10 @@ Allreduce path:
 These settings are read once, at mt.init(), and must be the same on every rank (configure).
 Average is Sum followed by a scale of postscale_factor/N (on the ring, each rank scales the chunk
 it completes, before the allgather: 1/N of a pass instead of a whole one, same bits);
-prescale_factor multiplies the input first. Integer arrays are scaled in float64 and truncated toward zero (NumPy unsafe casting).
+prescale_factor multiplies the input first. The Average of integer arrays is a float64 array
+(NumPy's ``mean``: [1, 2] -> 1.5), never a truncated integer; in place, where the result would
+have to be stored as integers, it is a ValueError on every rank. Explicit factors on integer
+arrays scale in float64 and truncate toward zero (NumPy unsafe casting), as Horovod's do.
 
 Device arrays (anything exposing ``__cuda_array_interface__``) are handed to
 mpitrain/comm/device.py at one place, ``_device``; the host code never branches on array types.
@@ -197,6 +200,17 @@ def _as_array(x, kind, in_place=False, min_ndim=0):
     return a, None
 
 
+def _integer_average(a, op):
+    return a.dtype.kind != "f" and _as_op(op, "")[0] is Average
+
+
+def integer_average_error(kind, dtype):
+    """Why an in-place Average of an integer array is refused (host and device alike)."""
+    return (f"{kind}: the Average of {np.dtype(dtype).name} arrays is not an integer and "
+            f"cannot be stored in place; use the out-of-place call (float64 result) or "
+            f"op=mt.Sum and divide")
+
+
 def _as_op(op, kind):
     if op.__class__ is ReduceOp:
         return op, None
@@ -249,6 +263,8 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
         return _device("allreduce")(x, op=op, name=name, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor)
     a, err = _as_array(x, "allreduce")
+    if a is not None and _integer_average(a, op):
+        a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
     out = None if a is None else np.array(a, order="C", copy=True)
     return _allreduce_checked("allreduce", a, out, err, op, name, prescale_factor,
                               postscale_factor)
@@ -266,6 +282,8 @@ def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1
         return _device("allreduce_")(x, op=op, name=name, prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor)
     a, err = _as_array(x, "allreduce_", in_place=True)
+    if a is not None and _integer_average(a, op):
+        err = err or integer_average_error("allreduce_", a.dtype)
     return _allreduce_checked("allreduce_", a, a, err, op, name, prescale_factor,
                               postscale_factor)
 
@@ -417,6 +435,13 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
         return _device(kind)(xs, op=op, name=name, prescale_factor=prescale,
                              postscale_factor=postscale, fusion_threshold_bytes=threshold)
     arrays, errors = zip(*[_as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
+    arrays, errors = list(arrays), list(errors)
+    for i, a in enumerate(arrays):
+        if a is not None and _integer_average(a, op):
+            if in_place:
+                errors[i] = errors[i] or integer_average_error(kind, a.dtype)
+            else:
+                arrays[i] = a.astype(np.float64)        # as allreduce: a float64 mean
     op, pre, post, fields, err = _reduce_args(kind, op, prescale, postscale)
     try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
         threshold, threshold_err = check_threshold(threshold), None
@@ -509,6 +534,8 @@ def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_facto
                                         postscale_factor=postscale_factor)
     comm = world.comm()
     a, err = _as_array(x, "reducescatter", min_ndim=1)
+    if a is not None and _integer_average(a, op):
+        a = a.astype(np.float64)                        # as allreduce: a float64 mean
     op, pre, post, fields, err2 = _reduce_args("reducescatter", op, prescale_factor,
                                                postscale_factor)
     fields.update(name=name, shape=None if a is None else a.shape,

@@ -71,10 +71,18 @@ class Sequential:
         for p in self.parameters():
             p.zero_grad()
 
-    def state_dict(self):
-        """Host copies of every parameter, in declared order."""
-        return {name: np.array(self.kernels.to_host(p.data), copy=True)
-                for name, p in self.named_parameters()}
+    def state_dict(self, copy=False):
+        """Every parameter by name, in declared order.
+
+        As in PyTorch, the values are the model's live arrays (on its backend), so writing into
+        them changes the model: ``mt.broadcast_parameters(model.state_dict(), root_rank=0)``
+        makes every replica rank 0's. ``copy=True`` gives host NumPy snapshots instead, which
+        later steps do not change (checkpoints, ``--save``, before/after comparisons).
+        """
+        if copy:
+            return {name: np.array(self.kernels.to_host(p.data), copy=True)
+                    for name, p in self.named_parameters()}
+        return {name: p.data for name, p in self.named_parameters()}
 
     def load_state_dict(self, state):
         params = dict(self.named_parameters())

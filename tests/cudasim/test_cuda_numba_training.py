@@ -43,7 +43,7 @@ def train(kernels, build, make_opt, x, y, steps=2):
         correct.append(loss_fn.correct)
         model.backward(loss_fn.backward())
         opt.step()
-    return model.state_dict(), losses, correct, opt.state_dict()
+    return model.state_dict(copy=True), losses, correct, opt.state_dict()
 
 
 CASES = {

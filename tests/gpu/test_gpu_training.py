@@ -32,7 +32,7 @@ def train(kernels, build, make_opt, xs, ys, distributed):
         loss_fn.forward(model.forward(xd), yd)
         model.backward(loss_fn.backward())
         opt.step()
-    return model.state_dict()
+    return model.state_dict(copy=True)
 
 
 MODELS = {

@@ -33,6 +33,8 @@ def rank_input(rank, n, dtype, op, seed=0):
 
 
 def numpy_oracle(inputs, op, pre=1.0, post=1.0):
+    if op is mt.Average and inputs[0].dtype.kind != "f":   # NumPy's mean: a float64
+        inputs = [x.astype(np.float64) for x in inputs]
     dt = inputs[0].dtype
     scaled = [_scale(x, pre) for x in inputs]
     acc = scaled[0].copy()
@@ -76,7 +78,7 @@ def test_allreduce_every_op_dtype_length(dtype, op, path, monkeypatch):
         if path != "mpi":
             assert_same_on_all_ranks(got)
         if dtype != "float16":
-            want = inputs[R].copy()
+            want = inputs[R].astype(got.dtype)        # float64 for an integer Average
             MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, want, op=MPI_OPS[op])
             if op is mt.Average:
                 want = _scale(want, 1.0 / N)
@@ -112,10 +114,32 @@ def test_prescale_postscale(path, monkeypatch):
     np.testing.assert_array_equal(got, numpy_oracle(ints, mt.Sum, 2, 3))
 
 
-def test_integer_average_truncates_like_numpy():
-    x = np.full(5, R + 1, np.int64)
+@pytest.mark.parametrize("path", ["ring", "mpi", "auto"])
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "int64"])
+def test_integer_average_is_a_float64_mean_never_truncated(dtype, path, monkeypatch):
+    monkeypatch.setattr(collectives, "ALGORITHM", path)
+    x = np.full(5, R + 1, dtype)                      # ranks hold 1, 2, ..., N
     got = mt.allreduce(x, op=mt.Average)
-    np.testing.assert_array_equal(got, np.full(5, int(N * (N + 1) / 2 / N)))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.full(5, (N + 1) / 2))   # [1, 2] -> 1.5, not 1
+    np.testing.assert_array_equal(x, np.full(5, R + 1, dtype))
+    got = mt.allreduce([R + 1, 2 * (R + 1)], op="average")         # lists too
+    np.testing.assert_array_equal(got, [(N + 1) / 2, N + 1])
+    outs = mt.grouped_allreduce([x, np.ones(2, np.float32)], op=mt.Average)
+    assert outs[0].dtype == np.float64 and outs[1].dtype == np.float32
+    np.testing.assert_array_equal(outs[0], np.full(5, (N + 1) / 2))
+    rows = mt.reducescatter(np.full((N, 2), R + 1, dtype), op=mt.Average)
+    np.testing.assert_array_equal(rows, np.full((1, 2), (N + 1) / 2))
+
+
+def test_integer_average_in_place_raises_on_every_rank():
+    x = np.full(3, R, np.int32)
+    with pytest.raises(ValueError, match="Average of int32 arrays is not an integer"):
+        mt.allreduce_(x, op=mt.Average)
+    with pytest.raises(ValueError, match="Average of int64 arrays"):
+        mt.grouped_allreduce_([np.zeros(2), np.zeros(2, np.int64)], op=mt.Average)
+    np.testing.assert_array_equal(x, np.full(3, R, np.int32))      # untouched
+    assert mt.allreduce_(x, op=mt.Sum) is x                          # Sum stays integer
 
 
 @pytest.mark.parametrize("path", ["ring", "mpi"])
@@ -213,7 +237,10 @@ def test_repeated_calls_match_the_first(dtype, path, monkeypatch):
             mt.allreduce(first[R], op=op, postscale_factor=0.5)           # leaves a plan
             planned = mt.allreduce(inputs[R], op=op, postscale_factor=0.5)
             x = inputs[R].copy()
-            assert mt.allreduce_(x, op=op, postscale_factor=0.5) is x
+            if op is mt.Average and x.dtype.kind != "f":  # a float64 mean: none in place
+                x = planned.copy()
+            else:
+                assert mt.allreduce_(x, op=op, postscale_factor=0.5) is x
             collectives._plans.clear()
             general = mt.allreduce(inputs[R], op=op, postscale_factor=0.5)
             assert planned.shape == x.shape == general.shape == shape
@@ -274,7 +301,8 @@ def test_ring_scales_each_chunk_once_where_it_is_reduced(dtype, monkeypatch):
             x %= 1000                                   # x 3.0 must stay within int32
         total = mt.allreduce(x, op=mt.Sum)
         for op, post in ((mt.Average, 1.0), (mt.Average, 3.0), (mt.Sum, 0.25)):
-            want = total.copy()
+            mean = op is mt.Average and x.dtype.kind == "i"      # an integer mean: float64
+            want = total.astype(np.float64) if mean else total.copy()
             factor = post / N if op is mt.Average else post
             collectives._scale(want, factor)
             got = mt.allreduce(x, op=op, postscale_factor=post)

@@ -152,7 +152,7 @@ def test_synchronize_then_clip_then_step():
     logits = model.forward(np.ascontiguousarray(x[R::N]))
     loss_fn.forward(logits, np.ascontiguousarray(y[R::N]))
     model.backward(loss_fn.backward())
-    before = model.state_dict()
+    before = model.state_dict(copy=True)
     opt.synchronize()
     averaged = [p.grad.copy() for p in model.parameters()]
     for p in model.parameters():

@@ -55,18 +55,23 @@ def test_init_scale_he_and_glorot():
 
 def test_state_dict_round_trip_and_errors():
     a, b = mt.models.lenet(seed=1), mt.models.lenet(seed=2)
-    state = a.state_dict()
+    state = a.state_dict(copy=True)
     assert list(state) == [n for n, _ in a.named_parameters()]
     state["0.bias"][0] = 99.0                       # a host copy: the model is unaffected
     assert a.parameters()[1].data[0] == 0.0
+    live = a.state_dict()                           # PyTorch's: the model's own arrays
+    assert all(live[n] is p.data for n, p in a.named_parameters())
+    live["0.bias"][0] = 7.0
+    assert a.parameters()[1].data[0] == 7.0
+    live["0.bias"][0] = 0.0
     b.load_state_dict(a.state_dict())
     for p, q in zip(a.parameters(), b.parameters()):
         np.testing.assert_array_equal(p.data, q.data)
-    bad = a.state_dict()
+    bad = a.state_dict(copy=True)
     bad["0.weight"] = np.zeros((1, 2))
     with pytest.raises(ValueError, match="0.weight"):
         b.load_state_dict(bad)
-    bad = a.state_dict()
+    bad = a.state_dict(copy=True)
     del bad["2.bias"]
     bad["9.extra"] = np.zeros(1)
     with pytest.raises(ValueError, match=r"2\.bias.*9\.extra"):
