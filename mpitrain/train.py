@@ -367,7 +367,7 @@ def _print_config(config, size, n_threads, backend, model):
 def run(config):
     """Train as ``config`` says; returns the summary record (the same dict on every rank)."""
     try:
-        mt.init()
+        mt.init(threads=None)                   # the budget is config.threads, set below
     except (ValueError, mt.CollectiveError) as exc:
         # A bad MPITRAIN_* setting (the same ValueError on every rank) or settings that differ
         # across ranks (CollectiveError on every rank): bad input, not a crash.

@@ -26,6 +26,7 @@ import traceback
 
 from mpi4py import MPI
 
+from mpitrain import threads as thread_budget
 from mpitrain.comm import watchdog
 
 _state = None
@@ -66,13 +67,20 @@ def _parse_local_size(text, size):
     return k
 
 
-def init(comm=None):
+def init(comm=None, threads=0):
     """Initialise mpitrain on ``comm`` (default ``MPI.COMM_WORLD``); idempotent.
 
     Calling it again with a different communicator is an error: collectives in flight would
     otherwise silently change groups. Call ``shutdown()`` first.
+
+    threads: this rank's BLAS thread budget, set when mpitrain initialises (threads.py): 0 =
+    ``MPITRAIN_THREADS`` if set, else cores / ranks on this node (what ``python -m mpitrain``
+    uses); n >= 1 = n threads; None = leave the thread pools as they are.
     """
     global _state
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 0):
+        raise ValueError(f"init(threads={threads!r}): expected an integer >= 0 or None")
     with _lock:
         if _state is not None:
             if comm is not None and comm is not _state.comm:
@@ -87,6 +95,8 @@ def init(comm=None):
         try:
             from mpitrain.comm import collectives       # imports this module: import here
             collectives.configure(comm)                 # env settings, agreed across ranks
+            if threads is not None:
+                thread_budget.configure(threads or thread_budget.from_env(), state.local_size)
             watchdog.start(comm)                        # stall reports (watchdog.py)
         except Exception:
             state.free()
