@@ -19,6 +19,9 @@ from mpitrain.comm import (Average, CollectiveError, Max, Min, Product, ReduceOp
 from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
                                   broadcast_parameters)
 
+# Evaluation (evaluation.py): every test sample scored once, counts summed across ranks.
+from mpitrain.evaluation import evaluate
+
 # Model side (no MPI inside): layers, models, optimizers, datasets.
 from mpitrain import data, nn, optim
 from mpitrain.nn import models
@@ -34,6 +37,7 @@ __all__ = [
     "barrier", "broadcast_object", "allgather_object", "CollectiveError",
     # training
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",
+    "evaluate",
     # model side
     "nn", "optim", "data", "models",
 ]

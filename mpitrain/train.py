@@ -294,19 +294,8 @@ class _Trainer:
             return self._evaluate()
 
     def _evaluate(self):
-        self.model.eval()
-        mine = np.arange(self.rank, len(self.test_set), self.size)
-        correct, loss_sum = 0, 0.0
-        for s in range(0, len(mine), EVAL_BATCH):
-            j = mine[s:s + EVAL_BATCH]
-            x = self._to_backend(self.test_set.images, j, self.model.input_shape)
-            y = self._to_backend(self.test_set.labels, j, ())
-            loss_sum += self.eval_loss_fn.forward(self.model.forward(x), y) * len(j)
-            correct += self.eval_loss_fn.correct
-        self.model.train()
-        totals = mt.allreduce(np.array([correct, len(mine), loss_sum], np.float64), op=mt.Sum)
-        correct, total, loss_sum = int(totals[0]), int(totals[1]), float(totals[2])
-        self.last_eval = (correct / total, loss_sum / total, correct, total)
+        r = mt.evaluate(self.model, self.test_set, EVAL_BATCH, loss_fn=self.eval_loss_fn)
+        self.last_eval = (r["accuracy"], r["loss"], r["correct"], r["total"])
         self.last_eval_step = self.step
         return self.last_eval
 

@@ -13,9 +13,10 @@ from mpitrain.data.catalog import SPECS
 from mpitrain.data.dataset import DataError, Dataset
 from mpitrain.data.loader import load
 from mpitrain.data.locate import locate
-from mpitrain.data.sampler import DistributedSampler
+from mpitrain.data.sampler import DistributedSampler, shard
 from mpitrain.data.synthetic import synthetic
 
 NAMES = tuple(SPECS)
 
-__all__ = ["Dataset", "DataError", "load", "synthetic", "locate", "NAMES", "DistributedSampler"]
+__all__ = ["Dataset", "DataError", "load", "synthetic", "locate", "NAMES", "DistributedSampler",
+           "shard"]

@@ -15,7 +15,18 @@ Ragged tail: by default (``drop_last=True``) the last ``n % G`` samples of each 
 are dropped, so every rank runs the same number of steps of exactly ``batch_size`` samples and every
 sample is seen at most once per epoch (a different permutation next epoch drops different ones).
 With ``drop_last=False`` the permutation is padded by wrapping around to its start up to a multiple
-of G, so a few samples are seen twice in that epoch.
+of G, so up to G-1 samples are seen twice in that epoch (PyTorch pads at most N-1 and gives the
+last batch fewer samples; here every step of every rank has exactly ``batch_size`` samples, so
+the global batch stays the same set for any N). That is right for training and wrong for
+scoring a test set: evaluate with ``mt.data.shard`` / ``mt.evaluate``, which score every sample
+exactly once.
+
+Agreement: when mpitrain is initialised, the constructor is collective (one small
+``allgather_object``): the dataset length, ``batch_size``, ``num_replicas``, ``seed``, ``shuffle``
+and ``drop_last`` must be the same on every rank, and with ``num_replicas == mt.size()`` the ranks
+distinct. A difference would otherwise train silently with unequal weighting (different batch
+sizes), on overlapping samples (different seeds), or hang at the epoch end (different step
+counts); it is a CollectiveError on every rank instead.
 
 ``start`` (samples of this epoch's permutation already consumed, a multiple of nothing in
 particular) lets a job resumed with a different N -- so a different G -- continue exactly where the
@@ -25,11 +36,20 @@ import numpy as np
 
 
 class DistributedSampler:
-    """Per-rank sample indices for one epoch.
+    """Per-rank sample indices for one epoch (PyTorch's arguments, plus ``batch_size``).
 
-    dataset: a length (int) or anything with ``len()``; num_replicas/rank default to the
-    mpitrain world. Iterating yields this rank's sample indices (ints) in training order;
-    ``batches()`` yields them as int64 arrays of ``batch_size``.
+    dataset: a length (int) or anything with ``len()``.
+    num_replicas, rank: the world and this rank's place in it (default: ``mt.size()``,
+        ``mt.rank()``).
+    shuffle: a seeded permutation per epoch (False: 0, 1, 2, ...); seed: its seed, the same on
+        every rank.
+    drop_last: True drops the last ``n % G`` samples of each epoch (G = num_replicas *
+        batch_size); False pads the last global batch by wrapping around (see above).
+    batch_size: samples per rank per step.
+    ``set_epoch(e, start=0)`` before each epoch; ``num_batches()`` steps left in the epoch (the
+    same on every rank); ``batches()`` yields this rank's int64 arrays of ``batch_size``;
+    ``indices()`` is them as one (steps, batch_size) array; iterating yields the indices as
+    ints, and ``len()`` counts them.
     """
 
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
@@ -51,6 +71,25 @@ class DistributedSampler:
         self.batch_size = int(batch_size)
         self.epoch = 0
         self.start = 0
+        self._agree()
+
+    def _agree(self):
+        """Raise CollectiveError on every rank if the ranks describe different epochs."""
+        import mpitrain as mt
+        if not mt.is_initialized():
+            return
+        mine = {"dataset length": self.n, "batch_size": self.batch_size,
+                "num_replicas": self.num_replicas, "seed": self.seed,
+                "shuffle": bool(self.shuffle), "drop_last": bool(self.drop_last)}
+        every = mt.allgather_object((mine, self.rank))
+        problems = [f"{key} differs across ranks ("
+                    + ", ".join(f"rank {r}: {d[key]}" for r, (d, _) in enumerate(every)) + ")"
+                    for key in mine if len({d[key] for d, _ in every}) > 1]
+        ranks = [r for _, r in every]
+        if not problems and self.num_replicas == len(every) and len(set(ranks)) != len(ranks):
+            problems.append(f"two ranks passed the same rank= (ranks given: {ranks})")
+        if problems:
+            raise mt.CollectiveError("DistributedSampler: " + "; ".join(problems))
 
     @property
     def global_batch(self):
@@ -96,3 +135,20 @@ class DistributedSampler:
 
     def __iter__(self):
         return iter(self.indices().ravel().tolist())
+
+
+def shard(dataset, num_replicas=None, rank=None):
+    """This rank's share of a dataset for evaluation: indices rank, rank+N, ... (int64).
+
+    Every sample belongs to exactly one rank -- no padding, no dropping -- so the ranks' shares
+    differ in size by at most one, and sums over them (correct answers, losses, counts) add up
+    to the whole dataset's. For training use DistributedSampler (equal steps on every rank).
+    """
+    n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
+    if num_replicas is None or rank is None:
+        import mpitrain as mt
+        num_replicas = mt.size() if num_replicas is None else num_replicas
+        rank = mt.rank() if rank is None else rank
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
+    return np.arange(rank, int(n), num_replicas, dtype=np.int64)

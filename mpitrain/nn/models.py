@@ -67,7 +67,8 @@ _ZOO = {"mlp": mlp, "lenet": lenet, "cifar_cnn": cifar_cnn}
 
 
 def get(name, **kwargs):
-    """Build a zoo model by name ("mlp", "lenet", "cifar_cnn")."""
+    """Build a zoo model by name: ``get("mlp", seed=42)`` is ``mlp(seed=42)`` (a model, not a
+    builder; the builders themselves are ``mt.models.mlp``, ``.lenet``, ``.cifar_cnn``)."""
     if name not in _ZOO:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(_ZOO)}")
     return _ZOO[name](**kwargs)
