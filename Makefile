@@ -27,7 +27,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# Fashion-MNIST: nothing if already found (--data-dir/MPITRAIN_DATA, ~/.cache/mpitrain,
+# Fashion-MNIST: nothing if already found (--data-dir/MPITRAIN_DATA_DIR, ~/.cache/mpitrain,
 # /usr/share/datasets); else Debian's dataset-fashion-mnist when apt-get and root are available;
 # else download from the official source with SHA-256 checks (python -m mpitrain.data fetch).
 data: venv
