@@ -64,8 +64,9 @@ def _writable_arrays(params):
             return [], (f"expected (name, parameter) pairs; got {type(pair).__name__} "
                         f"among them")
         name, value = pair
-        # an array as is; otherwise its .data (a Parameter's; NumPy's own .data is a buffer)
-        array = value if isinstance(value, np.ndarray) else getattr(value, "data", value)
+        # an array as is (NumPy's, CuPy's and Numba's .data are buffers), else a Parameter's .data
+        array = (value if isinstance(value, np.ndarray) or _is_device_array(value)
+                 else getattr(value, "data", value))
         if _is_device_array(array):
             items.append((str(name), array))
             continue

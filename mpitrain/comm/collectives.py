@@ -200,8 +200,9 @@ def _as_array(x, kind, in_place=False, min_ndim=0):
     return a, None
 
 
-def _integer_average(a, op):
-    return a.dtype.kind != "f" and _as_op(op, "")[0] is Average
+def integer_average(dtype, op):
+    """True for an Average of integers: a float64 mean out of place, an error in place."""
+    return np.dtype(dtype).kind != "f" and _as_op(op, "")[0] is Average
 
 
 def integer_average_error(kind, dtype):
@@ -263,7 +264,7 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
         return _device("allreduce")(x, op=op, name=name, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor)
     a, err = _as_array(x, "allreduce")
-    if a is not None and _integer_average(a, op):
+    if a is not None and integer_average(a.dtype, op):
         a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
     out = None if a is None else np.array(a, order="C", copy=True)
     return _allreduce_checked("allreduce", a, out, err, op, name, prescale_factor,
@@ -282,7 +283,7 @@ def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1
         return _device("allreduce_")(x, op=op, name=name, prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor)
     a, err = _as_array(x, "allreduce_", in_place=True)
-    if a is not None and _integer_average(a, op):
+    if a is not None and integer_average(a.dtype, op):
         err = err or integer_average_error("allreduce_", a.dtype)
     return _allreduce_checked("allreduce_", a, a, err, op, name, prescale_factor,
                               postscale_factor)
@@ -437,7 +438,7 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     arrays, errors = zip(*[_as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
     arrays, errors = list(arrays), list(errors)
     for i, a in enumerate(arrays):
-        if a is not None and _integer_average(a, op):
+        if a is not None and integer_average(a.dtype, op):
             if in_place:
                 errors[i] = errors[i] or integer_average_error(kind, a.dtype)
             else:
@@ -534,7 +535,7 @@ def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_facto
                                         postscale_factor=postscale_factor)
     comm = world.comm()
     a, err = _as_array(x, "reducescatter", min_ndim=1)
-    if a is not None and _integer_average(a, op):
+    if a is not None and integer_average(a.dtype, op):
         a = a.astype(np.float64)                        # as allreduce: a float64 mean
     op, pre, post, fields, err2 = _reduce_args("reducescatter", op, prescale_factor,
                                                postscale_factor)

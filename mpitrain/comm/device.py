@@ -335,6 +335,11 @@ def _copy_of(fam, a):
 
 def allreduce(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce", False)
+    if err is None and collectives.integer_average(a.dtype, op):
+        # a float64 mean, as on the host, and through it (integer averages are small metrics)
+        return fam.kernels.to_device(collectives.allreduce(
+            fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor))
     out = _copy_of(fam, a) if err is None else a
     return _allreduce_checked("allreduce", fam, out, err, op, name, prescale_factor,
                               postscale_factor)
@@ -342,6 +347,8 @@ def allreduce(x, op=collectives.Average, name=None, prescale_factor=1.0, postsca
 
 def allreduce_(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce_", True)
+    if err is None and collectives.integer_average(a.dtype, op):
+        err = collectives.integer_average_error("allreduce_", a.dtype)
     _allreduce_checked("allreduce_", fam, a, err, op, name, prescale_factor, postscale_factor)
     return x
 
@@ -388,6 +395,10 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     arrays = [c[0] for c in checked]
     fams = {c[1].name: c[1] for c in checked if c[1] is not None}
     errors = [c[2] for c in checked]
+    errors += [f"{kind}: the Average of {np.dtype(a.dtype).name} device arrays is not an "
+               f"integer; use mt.allreduce per array (a float64 mean) or op=mt.Sum"
+               for a, fam, e in checked
+               if fam is not None and e is None and collectives.integer_average(a.dtype, op)]
     if len(fams) > 1:
         errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
     op, pre, post, fields, err = collectives._reduce_args(kind, op, prescale, postscale)

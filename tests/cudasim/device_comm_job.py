@@ -34,6 +34,17 @@ def main():
     close(mt.allreduce(k.to_device(x), op=mt.Average, prescale_factor=2.0,
                        postscale_factor=0.5),
           mt.allreduce(x, op=mt.Average, prescale_factor=2.0, postscale_factor=0.5), "scaled")
+    # the Average of integers is a float64 mean, as on the host; in place it is refused
+    ints = np.full(4, rank + 1, np.int32)
+    close(mt.allreduce(k.to_device(ints)), mt.allreduce(ints), "integer average")
+    for call in (lambda: mt.allreduce_(k.to_device(ints)),
+                 lambda: mt.grouped_allreduce([k.to_device(ints)])):
+        try:
+            call()
+        except ValueError as exc:
+            assert "not an integer" in str(exc), exc
+        else:
+            raise AssertionError("an integer Average on the device did not raise")
     # grouped, in place: the launcher sets a tiny fusion threshold -> several device buckets
     shapes = [(4, 3), (5,), (1,), (2, 2, 2), (40,)]
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes] + [np.arange(3.0)]
