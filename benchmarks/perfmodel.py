@@ -76,6 +76,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))           # run as a script from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
 import benchdeps  # noqa: E402
+from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets  # noqa: E402
 
 MODELS = ("mlp", "lenet", "cifar_cnn")
 TARGET_ERROR = 0.15
@@ -468,44 +469,20 @@ def gradient_tensor_bytes(model):
     return [int(p.data.size) * 4 for p in net.parameters()]
 
 
-SOLO_BYTES = 1 << 20         # comm/fusion.py's SOLO_BYTES (a test checks they agree)
-
-
 def fusion_plan(tensor_bytes, threshold):
     """[(bucket bytes, tensors in it)] of the fusion plan as comm/fusion.py makes it: a tensor of
     at least SOLO_BYTES travels alone (in place, not packed); the others are packed in order
     into buckets of <= threshold bytes (one larger than the threshold alone)."""
-    plan, cur, count = [], 0, 0
-    for nb in tensor_bytes:
-        if nb >= SOLO_BYTES:
-            plan.append((nb, 1))
-            continue
-        if count and cur + nb > threshold:
-            plan.append((cur, count))
-            cur, count = 0, 0
-        cur, count = cur + nb, count + 1
-    if count:
-        plan.append((cur, count))
-    return plan
+    return _byte_plan(tensor_bytes, threshold, consecutive=False)
 
 
-def _consecutive_plan(tensor_bytes, threshold):
-    """comm/overlap.py's plan: consecutive tensors, <= threshold bytes a bucket; a tensor of at
-    least SOLO_BYTES has a bucket of its own. [(bucket bytes, tensors in it)]."""
-    plan, solo = [], False
-    for nb in tensor_bytes:
-        alone = nb >= SOLO_BYTES
-        if not plan or alone or solo or plan[-1][0] + nb > threshold:
-            plan.append([0, 0])
-        solo = alone
-        plan[-1][0] += nb
-        plan[-1][1] += 1
-    return [tuple(b) for b in plan]
-
-
-def fusion_buckets(tensor_bytes, threshold):
-    """Bucket sizes of the fusion plan (bytes)."""
-    return [nb for nb, _ in fusion_plan(tensor_bytes, threshold)]
+def _byte_plan(tensor_bytes, threshold, consecutive):
+    """[(bucket bytes, tensors in it)]: the gradients are all float32, so planning their sizes
+    in bytes (as one-byte elements) compares bytes with the threshold and SOLO_BYTES exactly as
+    planning float32 elements does."""
+    buckets = plan_buckets(tensor_bytes, [np.uint8] * len(tensor_bytes), threshold, SOLO_BYTES,
+                           consecutive=consecutive)
+    return [(b.total, len(b.entries)) for b in buckets]
 
 
 def compute_time(records, batch, threads=None):
@@ -595,7 +572,7 @@ def overlap_buckets(layers, threshold):
         done += flops
         tensors += [(nb, min(1.0, done / total)) for nb in reversed(grads)]
     plan, i = [], 0
-    for nb, count in _consecutive_plan([t[0] for t in tensors], threshold):
+    for nb, count in _byte_plan([t[0] for t in tensors], threshold, consecutive=True):
         plan.append((nb, count, max(r for _, r in tensors[i:i + count])))
         i += count
     return plan

@@ -4,11 +4,11 @@ A model's gradients are dozens of arrays, many tiny (biases); one ring allreduce
 the per-call latency dozens of times. ``FusionBuffer`` packs them into flat buffers ("buckets"),
 runs one allreduce per bucket, and unpacks.
 
-The plan is a pure function of the inputs' (shape, dtype) sequence and the threshold: arrays are
-grouped by dtype in order of first appearance, and within a dtype packed in input order into
-buckets of at most ``threshold_bytes``; an array larger than the threshold, of at least
-``SOLO_BYTES``, or alone in its bucket, is reduced directly in its output without packing (the
-small ones around it share buckets as before). Every rank therefore builds the same
+The plan (comm/buckets.py) is a pure function of the inputs' (shape, dtype) sequence and the
+threshold: arrays are grouped by dtype in order of first appearance, and within a dtype packed in
+input order into buckets of at most ``threshold_bytes``; an array larger than the threshold, of
+at least ``SOLO_BYTES``, or alone in its bucket, is reduced directly in its output without
+packing (the small ones around it share buckets as before). Every rank therefore builds the same
 plan (the caller has checked that the shapes agree), every element is summed in the same order on
 every run, and reruns are bitwise identical -- unlike dynamic fusion that packs whatever is ready.
 Plans are cached by signature, and one flat buffer per dtype (sized to that dtype's largest
@@ -18,11 +18,9 @@ import os
 
 import numpy as np
 
+from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
+
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
-# Arrays of at least this size travel alone, reduced in place: packing and unpacking would copy
-# them twice (2 x 1 MiB at ~10 GB/s is ~0.2 ms), more than one more allreduce call costs (tens
-# of us). E.g. the MLP's two weight gradients (3.2 and 4.2 MB) are no longer copied every step.
-SOLO_BYTES = 1 << 20
 
 
 def threshold_from_env(default=DEFAULT_THRESHOLD_BYTES):
@@ -45,22 +43,6 @@ def check_threshold(value=None, default=DEFAULT_THRESHOLD_BYTES):
     return int(value)
 
 
-class Bucket:
-    """Arrays reduced together: entries are (input index, offset, length) in the flat buffer."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-        self.entries = []
-        self.total = 0
-
-    def add(self, index, n):
-        self.entries.append((index, self.total, n))
-        self.total += n
-
-    def __repr__(self):
-        return f"Bucket({self.dtype}, {[e[0] for e in self.entries]}, {self.total})"
-
-
 class FusionBuffer:
     """``empty(shape, dtype)`` allocates the flat buffers: NumPy here, a device backend's
     ``kernels.empty`` for comm/device.py's subclass (same plan, buffers on the GPU)."""
@@ -80,26 +62,8 @@ class FusionBuffer:
         return buckets
 
     def _make_plan(self, arrays):
-        by_dtype = {}
-        for i, a in enumerate(arrays):
-            by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
-        buckets = []
-        for dtype, indices in by_dtype.items():
-            limit = self.threshold_bytes // dtype.itemsize
-            current = Bucket(dtype)
-            for i in indices:
-                n = arrays[i].size
-                if n * dtype.itemsize >= SOLO_BYTES:
-                    solo = Bucket(dtype)
-                    solo.add(i, n)
-                    buckets.append(solo)
-                    continue
-                if current.entries and current.total + n > limit:
-                    buckets.append(current)
-                    current = Bucket(dtype)
-                current.add(i, n)
-            if current.entries:
-                buckets.append(current)
+        buckets = plan_buckets([a.size for a in arrays], [a.dtype for a in arrays],
+                               self.threshold_bytes, SOLO_BYTES)
         for b in buckets:
             if len(b.entries) > 1:
                 cap = self._buffers.get(b.dtype)

@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check, watchdog, world
-from mpitrain.comm.fusion import SOLO_BYTES
+from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
 from mpitrain.kernels import cpu
 
 _executor = None
@@ -58,16 +58,12 @@ def _comm_executor():
 
 
 class _Bucket:
-    def __init__(self, index, wire_dtype):
-        self.index = index
-        self.dtype = wire_dtype
-        self.entries = []        # (array index, offset, length)
-        self.total = 0
-        self.flat = None         # persistent buffer, or None when reduced in place
+    """A planned bucket (buckets.Bucket) in flight: its index in the plan and its buffer."""
 
-    def add(self, i, n):
-        self.entries.append((i, self.total, n))
-        self.total += n
+    def __init__(self, index, bucket, flat):
+        self.index = index
+        self.dtype, self.entries, self.total = bucket.dtype, bucket.entries, bucket.total
+        self.flat = flat         # persistent buffer, or None when reduced in place
 
 
 class BucketAllreduce:
@@ -96,24 +92,17 @@ class BucketAllreduce:
     # -- plan ------------------------------------------------------------------------------------
     def _plan(self):
         """Consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array);
-        an array of at least fusion.SOLO_BYTES that needs no cast has a bucket of its own (it is
-        reduced in place: no pack, no unpack copy)."""
+        an array of at least buckets.SOLO_BYTES that needs no cast has a bucket of its own (it
+        is reduced in place: no pack, no unpack copy)."""
+        no_cast = [w == d for (_, d), w in zip(self.specs, self.wire)]
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in self.specs]
+        plan = plan_buckets(sizes, self.wire, self.threshold_bytes, SOLO_BYTES,
+                            consecutive=True, may_go_solo=no_cast)
         buckets = []
-        solo = False                                        # is the last bucket a solo one?
-        for i, ((shape, dtype), wire) in enumerate(zip(self.specs, self.wire)):
-            n = int(np.prod(shape, dtype=np.int64))
-            alone = wire == dtype and n * wire.itemsize >= SOLO_BYTES
-            b = buckets[-1] if buckets else None
-            if b is None or b.dtype != wire or alone or solo or \
-                    (b.entries and (b.total + n) * wire.itemsize > self.threshold_bytes):
-                b = _Bucket(len(buckets), wire)
-                buckets.append(b)
-            solo = alone
-            b.add(i, n)
-        for b in buckets:
-            i = b.entries[0][0]
-            inplace = len(b.entries) == 1 and self.wire[i] == self.specs[i][1]
-            b.flat = None if inplace else np.empty(b.total, b.dtype)     # (total,)
+        for index, b in enumerate(plan):
+            inplace = len(b.entries) == 1 and no_cast[b.entries[0][0]]
+            flat = None if inplace else np.empty(b.total, b.dtype)             # (total,)
+            buckets.append(_Bucket(index, b, flat))
         return buckets
 
     def _build(self):
