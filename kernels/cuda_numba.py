@@ -11,7 +11,9 @@ Launch shape. Elementwise kernels are 1-D grid-stride loops over the flattened a
 launch configuration (``_TPB`` threads x at most ``_MAX_BLOCKS`` blocks) is correct for any size.
 The simulator runs every thread as a Python thread, so there the configuration shrinks (2 blocks
 of 32 threads; GEMM blocks of 4 x 4 threads with 2 x 2 outputs each); the kernels are the same
-code either way, only the launch differs.
+code either way, only the launch differs. Under the simulator this module also replaces Numba's
+shared-array allocator, whose check-then-set could give two threads of a block two arrays
+(``_race_free_sim_shared_arrays``; tests/cudasim/test_sim_shared_memory.py).
 
 Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
 memory into one float64 partial, and the few partials are summed on the host in block order. The
@@ -47,6 +49,60 @@ if _SIM:
     # syncthreads(); a shorter GIL switch interval than the default 5 ms makes those barrier
     # rounds several times faster. Only simulated runs (tests) are affected.
     sys.setswitchinterval(min(sys.getswitchinterval(), 5e-4))
+
+
+def _race_free_sim_shared_arrays():
+    """Make the simulator hand every thread of a launch the same ``cuda.shared.array``.
+
+    Numba's simulator (numba/cuda/simulator/kernelapi.py, FakeCUDAShared.array) keeps a launch's
+    shared arrays in a dict keyed by the caller's (file, line) and fills it with check-then-set:
+    ``get`` -> None -> ``np.empty`` -> store. Its threads are Python threads, so a GIL switch
+    between the ``get`` and the store lets a second thread of the first block miss too and
+    allocate its own array; one of the two is orphaned for the whole launch. In the GEMM, that
+    thread loads its share of each tile into a private array and reads the rest from
+    uninitialised memory, and the others read its share from uninitialised memory of theirs:
+    garbage (a weight of -3.76e12 in the flaky CLI test) in the outputs of every tile block 0
+    computes. Later blocks (run one after the other) reuse the winning array and are right, so
+    the damage shows at a stride of 16 columns (2 simulated blocks x 8-column tiles). Rare (the
+    switch must fall within a few bytecodes; likelier on a loaded machine and with the short
+    switch interval above) but real. A GPU has no such step: shared memory exists per block
+    before its first thread runs, so the kernels themselves are unchanged.
+
+    The replacement looks the caller up with sys._getframe (the original walks the whole stack
+    with traceback.extract_stack, slow) and publishes with dict.setdefault, which is atomic under
+    the GIL: whoever stores first wins and every thread returns that array. Dynamic shared
+    memory (shape 0) is one buffer made before the threads start; it keeps the original path.
+    """
+    from numba import types
+    from numba.np import numpy_support
+    try:
+        from numba.cuda.simulator import kernelapi
+    except ImportError:                  # another simulator layout: nothing known to replace
+        return
+
+    fake = getattr(kernelapi, "FakeCUDAShared", None)
+    original = getattr(fake, "array", None)
+    if original is None or getattr(original, "race_free", False):
+        return
+
+    def array(self, shape, dtype):
+        if shape == 0:
+            return original(self, shape, dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)    # the original's key
+        res = self._allocations.get(caller)
+        if res is None:
+            if isinstance(dtype, types.Type):
+                dtype = numpy_support.as_dtype(dtype)
+            res = self._allocations.setdefault(caller, np.empty(shape, dtype))
+        return res
+
+    array.race_free = True
+    fake.array = array
+
+
+if _SIM:
+    _race_free_sim_shared_arrays()
 
 
 # --- Array plumbing -----------------------------------------------------------------------------
