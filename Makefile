@@ -17,7 +17,8 @@ TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM
 	MPITRAIN_TEST_TIMEOUT=$(MPI_TIMEOUT)
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: venv run test test-unit test-mpi test-cuda-sim test-e2e test-gpu bench data lint loc clean
+.PHONY: venv run test test-unit test-mpi test-cuda-sim test-e2e test-gpu gpu-check bench data lint loc \
+	clean
 
 venv: $(STAMP)
 
@@ -63,6 +64,14 @@ test-cuda-sim: venv
 test-gpu: venv
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) -m gpu tests/gpu
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
+
+# Everything the GPU needs in one command (benchmarks/gpu_check.py; README "GPU check"): one JSON
+# report and a log in out/gpu-check. No venv target: the lent GPU machine is offline and its
+# python3 has the GPU stack, so this runs the venv's python if there is one, else $(PYTHON), on
+# the source tree. Without a GPU: one line, at once. QUICK=1: about 3 minutes; ARGS: more flags.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	@$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(QUICK),--quick) $(ARGS)
 
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot

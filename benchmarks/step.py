@@ -1,7 +1,7 @@
 """Time one training step (forward, backward, update) of the zoo models, next to BLAS.
 
     python benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 [--threads 1] [--json PATH]
-    python benchmarks/step.py --model lenet --device cuda --kernels cupy
+    python benchmarks/step.py --model lenet --device cuda --kernels cupy [--torch]
 
 The machine is shared and noisy, so every round times the model step *and* the same step's GEMMs
 alone (the exact shapes and transposes the layers issue, through the same backend ``gemm``), back to
@@ -37,8 +37,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=5, help="rounds (step timing + GEMM timing)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (JIT, workspaces)")
     ap.add_argument("--torch", action="store_true",
-                    help="also time the same model in PyTorch (comparison; without torch: "
-                         "one line, exit 2, before any timing)")
+                    help="also time the same model in PyTorch, on the same --device "
+                         "(comparison; without torch: one line, exit 2, before any timing)")
     ap.add_argument("--profile", action="store_true",
                     help="also print the time per kernel call site (synchronizing after each)")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
@@ -138,11 +138,13 @@ def profile_kernels(k, step, steps):
     return {key: v / steps * 1e3 for key, v in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
-def torch_step_ms(name, batch, threads, steps, rounds, warmup):
-    """Median-of-rounds best step time of the same architecture in PyTorch (CPU)."""
+def torch_step_ms(name, batch, threads, steps, rounds, warmup, device="cpu"):
+    """Median-of-rounds best step time of the same architecture in PyTorch, on ``device``."""
     import torch
     from torch import nn
     torch.set_num_threads(threads)
+    # CUDA launches are asynchronous: a step ends when the device has finished it
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if name == "mlp":
         net, shape = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
                                    nn.ReLU(), nn.Linear(1024, 10)), (784,)
@@ -157,8 +159,10 @@ def torch_step_ms(name, batch, threads, steps, rounds, warmup):
             nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
             nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
             nn.Linear(4096, 512), nn.ReLU(), nn.Linear(512, 10)), (3, 32, 32)
+    net = net.to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn((batch,) + shape), torch.randint(0, 10, (batch,))
+    x = torch.randn((batch,) + shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     lossf = nn.CrossEntropyLoss()
 
     def step():
@@ -168,12 +172,14 @@ def torch_step_ms(name, batch, threads, steps, rounds, warmup):
 
     for _ in range(warmup):
         step()
+    sync()
     best = []
     for _ in range(rounds):
         times = []
         for _ in range(steps):
             t = time.perf_counter()
             step()
+            sync()
             times.append(time.perf_counter() - t)
         best.append(sorted(times)[len(times) // 2])
     return min(best) * 1e3, torch.__version__
@@ -301,10 +307,11 @@ def main(argv=None):
                     print(f"{'':12s}{ms:8.2f}  {key}")
         if args.torch:
             got = torch_step_ms(name, args.batch, args.threads, args.steps, args.rounds,
-                                args.warmup)
+                                args.warmup, device=args.device)
             res["torch_step_ms"], res["torch_version"] = got
-            print(f"{'':10s} PyTorch {got[1]} same model: {got[0]:.2f} ms/step (best "
-                  f"round median); mpitrain/PyTorch {best['step_ms'] / got[0]:.2f}")
+            res["torch_device"] = args.device
+            print(f"{'':10s} PyTorch {got[1]} ({args.device}) same model: {got[0]:.2f} ms/step "
+                  f"(best round median); mpitrain/PyTorch {best['step_ms'] / got[0]:.2f}")
     paths = [args.json] if args.json else []
     if args.out:
         os.makedirs(args.out, exist_ok=True)
