@@ -1,7 +1,6 @@
-"""benchmarks/perfmodel.py: the ring fit recovers known alpha/beta/gamma, links parse, the fusion
-plan matches comm/fusion.py, predictions behave, and the script runs end to end on synthetic
-benchmark JSON."""
-import importlib.util
+"""benchmarks/perfmodel_lib: the ring fit recovers known alpha/beta/gamma, links parse, the fusion
+plan matches comm/fusion.py, predictions behave, and benchmarks/perfmodel.py runs end to end on
+synthetic benchmark JSON."""
 import json
 import subprocess
 import sys
@@ -12,19 +11,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "perfmodel.py"
+sys.path.insert(0, str(REPO / "benchmarks"))         # perfmodel_lib, benchdeps
+import perfmodel_lib as pm  # noqa: E402
 
 ALPHA, BETA, GAMMA = 20e-6, 1 / 2e9, 1 / 8e9       # 20 us, 2 GB/s link, 8 GB/s reduce
 SIZES = [2 ** k for k in range(10, 25, 2)]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("perfmodel_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-pm = load()
 
 
 def synthetic(ranks=(2,), noise=0.0, seed=0):
@@ -134,12 +125,11 @@ def test_link_network_keeps_local_software_costs():
 
 def test_fusion_buckets_match_the_fusion_plan(monkeypatch):
     fusion = pytest.importorskip("mpitrain.comm.fusion")
-    assert pm.SOLO_BYTES == fusion.SOLO_BYTES
     sizes = [40, 4, 400, 8, 8, 100, 4]                     # float32 elements
     arrays = [np.zeros(s, np.float32) for s in sizes]
     for solo in (fusion.SOLO_BYTES, 160):                  # 160 B: the 400 and 100 go alone
         monkeypatch.setattr(fusion, "SOLO_BYTES", solo)
-        monkeypatch.setattr(pm, "SOLO_BYTES", solo)
+        monkeypatch.setattr(pm.plans, "SOLO_BYTES", solo)
         for threshold in (0, 16, 64, 500, 10_000):
             plan = fusion.FusionBuffer(threshold).plan(arrays)
             want = [(b.total * 4, len(b.entries)) for b in plan]
