@@ -1,6 +1,6 @@
-"""The training loop of ``python -m mpitrain``: shard -> forward/backward -> step -> eval -> save.
+"""The job of ``python -m mpitrain``: ``run`` sets it up, ``Trainer.fit`` trains and reports it.
 
-Every rank runs this same function on the same Config. The rules that keep N processes one job:
+Every rank runs this same code on the same Config. The rules that keep N processes one job:
 
 - Decisions that lead to a collective are taken from values every rank has (the Config, the
   dataset sizes, a checkpoint rank 0 read and broadcast); bad input found while setting up goes
@@ -137,22 +137,6 @@ def _read_checkpoint(config):
             "meta": found.meta}
 
 
-def _restore(config, state, model, optimizer):
-    """Load a broadcast checkpoint into model and optimizer; CheckpointError if it does not fit."""
-    meta, path = state["meta"], state["path"]
-    for key in ("model", "dataset", "optimizer", "seed"):
-        if meta.get(key) != getattr(config, key):
-            flag = "--" + key
-            raise ckpt.CheckpointError(f"{path} was written with {flag} {meta.get(key)!r}, "
-                                       f"not {getattr(config, key)!r}")
-    try:
-        model.load_state_dict(state["params"])
-        optimizer.load_state_dict(state["optimizer"])
-    except ValueError as exc:
-        raise ckpt.CheckpointError(f"{path} does not fit this model: {exc}") from None
-    return meta
-
-
 def _check_outputs(config, rank):
     """Rank 0: every path the job will write is writable, and a fresh run does not share a folder
     with another run's checkpoints (their higher steps would prune ours and win a later
@@ -199,8 +183,7 @@ class _Metrics:
     def __init__(self, path, rank, append):
         self.file = None
         if path and rank == 0:
-            folder = os.path.dirname(os.path.abspath(path))
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.file = open(path, "a" if append else "w")
 
     def write(self, record):
@@ -213,73 +196,145 @@ class _Metrics:
             self.file.close()
 
 
-class _Trainer:
+class Trainer:
+    """One job's model, optimizer and data, and the recipe that trains them (``fit``). It alone
+    moves ``step`` (optimizer steps taken), ``epoch`` (epochs completed) and ``position`` (samples
+    of epoch ``epoch``'s permutation consumed): ``fit`` as it trains, ``resume`` from a checkpoint.
+    """
+
     def __init__(self, config, backend, train_set, test_set, model, optimizer, base_lr):
-        self.config, self.k = config, backend
+        self.config, self.backend = config, backend
         self.train_set, self.test_set = train_set, test_set
-        self.model, self.optimizer = model, optimizer
-        self.base_lr = base_lr
+        self.model, self.optimizer, self.base_lr = model, optimizer, base_lr
         self.rank, self.size = mt.rank(), mt.size()
         self.global_batch = config.batch_size * self.size
         self.loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.eval_loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.sampler = DistributedSampler(len(train_set), self.size, self.rank, seed=config.seed,
                                           batch_size=config.batch_size)
-        self.step, self.epoch, self.pos = 0, 0, 0
+        self.step, self.epoch, self.position = 0, 0, 0
         self.step_times, self.comm_times = [], []
-        self.interval = np.zeros(3)  # loss sum, correct, samples since the last record
+        self.interval = np.zeros(3)  # loss sum, correct, samples since the last step record
+        self.interval_start = 0      # index into step_times where that interval began
         self.epoch_stats = np.zeros(3)
-        self.last_eval = None
-        self.last_eval_step = None
-        self.last_checkpoint_step = None
+        self.last_eval = self.last_eval_step = self.last_checkpoint_step = None
+
+    def resume(self, checkpoint):
+        """Continue from ``checkpoint`` (rank 0's, broadcast: path, params, optimizer, meta): the
+        model and optimizer state, step, epoch and position. CheckpointError if it does not fit."""
+        meta, path = checkpoint["meta"], checkpoint["path"]
+        for key in ("model", "dataset", "optimizer", "seed"):
+            if meta.get(key) != getattr(self.config, key):
+                raise ckpt.CheckpointError(f"{path} was written with --{key} {meta.get(key)!r}, "
+                                           f"not {getattr(self.config, key)!r}")
+        try:
+            self.model.load_state_dict(checkpoint["params"])
+            self.optimizer.optimizer.load_state_dict(checkpoint["optimizer"])
+        except ValueError as exc:
+            raise ckpt.CheckpointError(f"{path} does not fit this model: {exc}") from None
+        self.step, self.epoch = meta["step"], meta["epoch"]
+        self.position = meta["epoch_position_samples"]
+        self.last_checkpoint_step = self.step
+
+    def fit(self, metrics):
+        """Train to --steps or --epochs, end on one model, evaluate; returns the summary record."""
+        config = self.config
+        log_every = max(1, self.steps_per_epoch() // LOG_RECORDS_PER_EPOCH)
+        bar = None
+        if self.rank == 0 and not config.no_progress:
+            from tqdm import tqdm
+            bar = tqdm(total=self.remaining_steps(), unit="step", dynamic_ncols=True,
+                       file=sys.stderr, desc=f"epoch {self.epoch + 1}")
+        first_step, wall = self.step, time.perf_counter()
+        while not self.done():
+            self.sampler.set_epoch(self.epoch, self.position)  # the rest of the current epoch
+            self.epoch_stats[:] = 0
+            batches = self.sampler.indices()  # (steps, b)
+            if len(batches) == 0:  # resumed with a larger global batch than the epoch has left
+                self.epoch, self.position = self.epoch + 1, 0
+            for batch in batches:
+                loss = self.train_step(batch)
+                epoch_end = self._advance()
+                self._show_progress(bar, loss, epoch_end)
+                if self.step % log_every == 0 or epoch_end or self.done():
+                    self._log_step(metrics)
+                if ((config.eval_every and self.step % config.eval_every == 0)
+                        or (epoch_end and not config.eval_every)):
+                    self._log_eval(metrics, bar)
+                if epoch_end:
+                    self._log_epoch(metrics)
+                if (config.checkpoint_dir and config.checkpoint_every
+                        and self.step % config.checkpoint_every == 0):
+                    self.save_checkpoint()
+                if self.done():
+                    break
+        if bar is not None:
+            bar.close()
+        if config.average == "weights" and self.step % config.average_every != 0:
+            self.optimizer.average_weights()  # end on one model, not N, so it may be checkpointed
+        if config.checkpoint_dir and self.last_checkpoint_step != self.step:
+            self.save_checkpoint()
+        return self._finish(metrics, first_step, wall)
 
     # -- schedule ------------------------------------------------------------------------------
     def steps_per_epoch(self):
         return len(self.train_set) // self.global_batch
 
     def remaining_steps(self):
-        c = self.config
-        if c.steps is not None:
-            return max(0, c.steps - self.step)
-        if self.epoch >= c.epochs:
+        config = self.config
+        if config.steps is not None:
+            return max(0, config.steps - self.step)
+        if self.epoch >= config.epochs:
             return 0
-        left = (len(self.train_set) - self.pos) // self.global_batch
-        return left + (c.epochs - self.epoch - 1) * self.steps_per_epoch()
+        left = (len(self.train_set) - self.position) // self.global_batch
+        return left + (config.epochs - self.epoch - 1) * self.steps_per_epoch()
 
     def done(self):
-        c = self.config
-        return self.step >= c.steps if c.steps is not None else self.epoch >= c.epochs
+        steps, epochs = self.config.steps, self.config.epochs
+        return self.step >= steps if steps is not None else self.epoch >= epochs
+
+    def epochs_done(self):
+        """Epochs completed, with the fraction of the current one (the records' "epoch")."""
+        return self.epoch + self.position / len(self.train_set)
 
     def lr_now(self):
         if self.config.warmup_epochs <= 0:
             return self.base_lr
-        done = self.epoch + (self.pos + self.global_batch) / len(self.train_set)
+        done = self.epoch + (self.position + self.global_batch) / len(self.train_set)
         return self.base_lr * min(1.0, done / self.config.warmup_epochs)
+
+    def _advance(self):
+        """Count the step just taken; True if it was the epoch's last (then the next begins)."""
+        self.step, self.position = self.step + 1, self.position + self.global_batch
+        epoch_end = self.position + self.global_batch > len(self.train_set)
+        if epoch_end:
+            self.epoch, self.position = self.epoch + 1, 0
+        return epoch_end
 
     # -- one step ------------------------------------------------------------------------------
     def _to_backend(self, data, idx, shape):
         host = np.ascontiguousarray(data[idx]).reshape((len(idx),) + shape)  # (b, ...)
-        return host if self.k.name == "cpu" else self.k.to_device(host)
+        return host if self.backend.name == "cpu" else self.backend.to_device(host)
 
     def train_step(self, idx):
-        tl = timeline.current()  # disabled unless --timeline names a file
+        trace = timeline.current()  # disabled unless --timeline names a file
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
-        with tl.span("data"):
+        with trace.span("data"):
             x = self._to_backend(self.train_set.images, idx, self.model.input_shape)  # (b, ...)
             y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
-        with tl.span("forward"):
+        with trace.span("forward"):
             logits = self.model.forward(x)                                        # (b, K)
             loss = self.loss_fn.forward(logits, y)
-        with tl.span("backward"):
+        with trace.span("backward"):
             # each layer's gradients start their allreduce as soon as that layer is done
             self.model.backward(self.loss_fn.backward(),
                                 on_layer_done=self.optimizer.backward_hook)
-        with tl.span("optimizer.step", step=self.step + 1):
+        with trace.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
-            self.k.synchronize()
+            self.backend.synchronize()
         self.step_times.append(time.perf_counter() - start)
         self.comm_times.append(self.optimizer.comm_time_s - comm_before)
         stats = (loss * len(idx), self.loss_fn.correct, len(idx))
@@ -287,40 +342,90 @@ class _Trainer:
         self.epoch_stats += stats
         return loss
 
-    # -- evaluation ----------------------------------------------------------------------------
+    # -- records (rank 0 writes them; the sums and evaluation are collectives) ------------------
+    def _show_progress(self, bar, loss, epoch_end):
+        if bar is not None:
+            samples_s = self.global_batch / max(self.step_times[-1], 1e-9)
+            accuracy = self.loss_fn.correct / self.config.batch_size
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.2f}",
+                            samples_s=f"{samples_s:.0f}", refresh=False)
+            bar.set_description(f"epoch {self.epoch + (0 if epoch_end else 1)}", refresh=False)
+            bar.update(1)
+
+    def _log_step(self, metrics):
+        sums = mt.allreduce(self.interval, op=mt.Sum)
+        samples_s, step_ms, comm_ms = self.timing(first=self.interval_start)
+        metrics.write({"event": "step", "step": self.step, "epoch": self.epochs_done(),
+                       "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
+                       "lr": self.optimizer.lr, "samples_per_sec": samples_s,
+                       "step_time_ms": step_ms, "comm_time_ms": comm_ms})
+        self.interval[:] = 0
+        self.interval_start = len(self.step_times)
+
+    def _log_eval(self, metrics, bar):
+        accuracy, test_loss, _, _ = self.evaluate()
+        metrics.write({"event": "eval", "step": self.step, "epoch": self.epochs_done(),
+                       "test_accuracy": accuracy, "test_loss": test_loss})
+        if bar is not None:
+            bar.write(f"step {self.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}")
+
+    def _log_epoch(self, metrics):
+        sums = mt.allreduce(self.epoch_stats, op=mt.Sum)
+        record = {"event": "epoch", "epoch": self.epoch, "step": self.step,
+                  "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
+        if self.last_eval_step == self.step:
+            record.update(test_accuracy=self.last_eval[0], test_loss=self.last_eval[1])
+        metrics.write(record)
+
+    def _finish(self, metrics, first_step, wall):
+        """Final evaluation (unless this step has one), --save, the summary record and line."""
+        config = self.config
+        if self.last_eval_step != self.step or self.last_eval is None:
+            self.evaluate()
+        accuracy, test_loss, correct, total = self.last_eval
+        samples_s, step_ms, comm_ms = self.timing()
+        if config.save and self.rank == 0:
+            ckpt.atomic_savez(config.save, self.model.state_dict(copy=True))
+        summary = {"event": "summary", "test_accuracy": accuracy, "test_loss": test_loss,
+                   "test_correct": correct, "test_samples": total,
+                   "samples_per_sec": samples_s, "step_time_ms": step_ms, "comm_time_ms": comm_ms,
+                   "comm_share": comm_ms / step_ms if step_ms else 0.0,
+                   "ranks": self.size, "steps": self.step, "steps_run": self.step - first_step,
+                   "epoch": self.epochs_done(), "global_batch": self.global_batch,
+                   "model": config.model, "dataset": config.dataset, "average": config.average,
+                   "wall_time_s": time.perf_counter() - wall}
+        metrics.write(summary)
+        if self.rank == 0:
+            print(f"test accuracy: {accuracy:.4f} ({correct}/{total}), test loss {test_loss:.4f}; "
+                  f"{self.step} steps, {samples_s:.0f} samples/s over {self.size} rank(s), "
+                  f"step {step_ms:.1f} ms, comm {comm_ms:.1f} ms", flush=True)
+        return summary
+
     def evaluate(self):
         """(accuracy, mean loss, correct, total) on the test set, sharded and summed."""
         with timeline.current().span("evaluate", step=self.step):
-            return self._evaluate()
-
-    def _evaluate(self):
-        r = mt.evaluate(self.model, self.test_set, EVAL_BATCH, loss_fn=self.eval_loss_fn)
-        self.last_eval = (r["accuracy"], r["loss"], r["correct"], r["total"])
+            result = mt.evaluate(self.model, self.test_set, EVAL_BATCH, loss_fn=self.eval_loss_fn)
+        self.last_eval = (result["accuracy"], result["loss"], result["correct"], result["total"])
         self.last_eval_step = self.step
         return self.last_eval
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def can_checkpoint(self):
-        # Between weight averages the replicas differ; a checkpoint holds one model.
-        c = self.config
-        return c.average == "gradients" or self.step % c.average_every == 0
-
     def save_checkpoint(self):
-        c = self.config
+        config = self.config
         opt_state = self.optimizer.state_dict()
-        if c.average == "weights" and self.size > 1:
+        if config.average == "weights" and self.size > 1:
             # PNNL keeps momentum / Adam moments per rank; a checkpoint holds one state: their
             # mean (a collective, so every rank calls save_checkpoint).
             for key, value in opt_state.items():
                 if isinstance(value, np.ndarray) and value.dtype.kind == "f":
                     opt_state[key] = mt.allreduce(value, op=mt.Average)
         if self.rank == 0:
-            meta = {"model": c.model, "dataset": c.dataset, "optimizer": c.optimizer,
-                    "seed": c.seed, "epoch": self.epoch, "epoch_position_samples": self.pos,
-                    "global_batch": self.global_batch, "ranks_at_save": self.size,
-                    "hidden": list(c.hidden) if c.hidden else None}
-            ckpt.save(c.checkpoint_dir, self.step, self.model.state_dict(copy=True), opt_state,
-                      meta)
+            meta = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
+                    "seed": config.seed, "epoch": self.epoch, "epoch_position_samples":
+                    self.position, "global_batch": self.global_batch, "ranks_at_save": self.size,
+                    "hidden": list(config.hidden) if config.hidden else None}
+            ckpt.save(config.checkpoint_dir, self.step, self.model.state_dict(copy=True),
+                      opt_state, meta)
         self.last_checkpoint_step = self.step
 
     # -- timing --------------------------------------------------------------------------------
@@ -340,21 +445,9 @@ class _Trainer:
         return n * self.global_batch / total_s, 1e3 * total_s / n, 1e3 * comm_s / n
 
 
-def _say(rank, text):
-    if rank == 0:
-        print(text, flush=True)
-
-
-def _print_config(config, size, n_threads, backend, model):
-    lines = [f"mpitrain: {size} rank(s) x {n_threads} thread(s), backend {backend.name}, "
-             f"{model.num_parameters()} parameters"]
-    items = " ".join(f"{k}={v}" for k, v in config.as_dict().items())
-    lines += textwrap.wrap(items, 98, initial_indent="  ", subsequent_indent="  ")
-    print("\n".join(lines), flush=True)
-
-
 def run(config):
-    """Train as ``config`` says; returns the summary record (the same dict on every rank)."""
+    """Set up the job ``config`` describes on every rank, then ``Trainer.fit`` it; returns the
+    summary record (the same dict on every rank)."""
     try:
         mt.init(threads=None)                   # the budget is config.threads, set below
     except (ValueError, mt.CollectiveError) as exc:
@@ -371,134 +464,39 @@ def run(config):
     model = _build_model(config, train_set, backend)
     base_lr = config.lr * (size if config.scale_lr else 1)
     optimizer = _build_optimizer(config, model, base_lr)
-    trainer = _Trainer(config, backend, train_set, test_set, model, optimizer, base_lr)
-
-    resumed = None
+    trainer = Trainer(config, backend, train_set, test_set, model, optimizer, base_lr)
+    checkpoint = None
     if config.resume:
-        state = mt.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
-        if state is not None:
-            resumed = _agree(_restore, config, state, model, optimizer.optimizer)
-            trainer.step = resumed["step"]
-            trainer.epoch = resumed["epoch"]
-            trainer.pos = resumed["epoch_position_samples"]
-            trainer.last_checkpoint_step = trainer.step
+        checkpoint = mt.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
+        if checkpoint is not None:
+            _agree(trainer.resume, checkpoint)
     # Every replica starts from rank 0's state (the zoo's seeded init already agrees; a model
     # built or loaded differently on some rank would not).
     broadcast_parameters(model.named_parameters(), root_rank=0)
     broadcast_optimizer_state(optimizer, root_rank=0)
 
     # From here on the job is valid: files may be written.
-    metrics = _Metrics(config.metrics_json, rank, append=resumed is not None)
+    metrics = _Metrics(config.metrics_json, rank, append=checkpoint is not None)
     if rank == 0:
-        _print_config(config, size, n_threads, backend, model)
+        settings = " ".join(f"{key}={value}" for key, value in config.as_dict().items())
+        print(f"mpitrain: {size} rank(s) x {n_threads} thread(s), backend {backend.name}, "
+              f"{model.num_parameters()} parameters",
+              *textwrap.wrap(settings, 98, initial_indent="  ", subsequent_indent="  "),
+              sep="\n", flush=True)
         if config.resume:
-            print(f"mpitrain: resumed from {state['path']} at step {trainer.step}"
-                  if resumed else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
-                                  f"starting at step 0", flush=True)
+            print(f"mpitrain: resumed from {checkpoint['path']} at step {trainer.step}"
+                  if checkpoint else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
+                                     f"starting at step 0", flush=True)
     # --timeline / MPITRAIN_TIMELINE records per-rank spans (timeline.py); the same on every rank.
-    tl = timeline.activate(timeline.Timeline(config.timeline or None, rank))
+    trace = timeline.activate(timeline.Timeline(config.timeline or None, rank))
     try:
-        summary = _loop(trainer, metrics)
-        tl.close(mt.comm.world.comm())
+        summary = trainer.fit(metrics)
+        trace.close(mt.comm.world.comm())
     finally:
         metrics.close()
         timeline.activate(None)
     return summary
 
 
-def _progress(trainer):
-    if trainer.rank != 0 or trainer.config.no_progress:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=trainer.remaining_steps(), unit="step", dynamic_ncols=True,
-                file=sys.stderr, desc=f"epoch {trainer.epoch + 1}")
-
-
-def _loop(t, metrics):
-    c = t.config
-    spe = t.steps_per_epoch()
-    log_every = max(1, spe // LOG_RECORDS_PER_EPOCH)
-    bar = _progress(t)
-    start_step = t.step
-    mark = 0  # index into step_times where the current log interval began
-    batches, i = None, 0
-    wall = time.perf_counter()
-    while not t.done():
-        if batches is None:
-            t.sampler.set_epoch(t.epoch, t.pos)
-            batches, i = t.sampler.indices(), 0  # (steps, b)
-            t.epoch_stats[:] = 0
-            if len(batches) == 0:  # resumed with a larger global batch than the epoch has left
-                t.epoch, t.pos, batches = t.epoch + 1, 0, None
-                continue
-        loss = t.train_step(batches[i])
-        i += 1
-        t.step += 1
-        t.pos += t.global_batch
-        epoch_end = t.pos + t.global_batch > len(t.train_set)
-        if epoch_end:
-            t.epoch, t.pos, batches = t.epoch + 1, 0, None
-        if bar is not None:
-            sps = t.global_batch / max(t.step_times[-1], 1e-9)
-            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{t.loss_fn.correct / c.batch_size:.2f}",
-                            samples_s=f"{sps:.0f}", refresh=False)
-            bar.set_description(f"epoch {t.epoch + (0 if epoch_end else 1)}", refresh=False)
-            bar.update(1)
-
-        if t.step % log_every == 0 or epoch_end or t.done():
-            sums = mt.allreduce(t.interval, op=mt.Sum)
-            sps, step_ms, comm_ms = t.timing(first=mark)
-            metrics.write({"event": "step", "step": t.step,
-                           "epoch": t.epoch + t.pos / len(t.train_set),
-                           "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
-                           "lr": t.optimizer.lr, "samples_per_sec": sps,
-                           "step_time_ms": step_ms, "comm_time_ms": comm_ms})
-            t.interval[:] = 0
-            mark = len(t.step_times)
-        if (c.eval_every and t.step % c.eval_every == 0) or (epoch_end and not c.eval_every):
-            acc, test_loss, _, _ = t.evaluate()
-            metrics.write({"event": "eval", "step": t.step,
-                           "epoch": t.epoch + t.pos / len(t.train_set),
-                           "test_accuracy": acc, "test_loss": test_loss})
-            if bar is not None:
-                bar.write(f"step {t.step}: test accuracy {acc:.4f}, test loss {test_loss:.4f}")
-        if epoch_end:
-            sums = mt.allreduce(t.epoch_stats, op=mt.Sum)
-            record = {"event": "epoch", "epoch": t.epoch, "step": t.step,
-                      "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
-            if t.last_eval_step == t.step:
-                record.update(test_accuracy=t.last_eval[0], test_loss=t.last_eval[1])
-            metrics.write(record)
-        if c.checkpoint_dir and c.checkpoint_every and t.step % c.checkpoint_every == 0:
-            t.save_checkpoint()
-    if bar is not None:
-        bar.close()
-
-    final_average = c.average == "weights" and t.step % c.average_every != 0
-    if final_average:
-        t.optimizer.average_weights()  # end on one model, not N (so it may be checkpointed)
-    if c.checkpoint_dir and t.last_checkpoint_step != t.step and (t.can_checkpoint()
-                                                                   or final_average):
-        t.save_checkpoint()
-    if t.last_eval_step != t.step or t.last_eval is None:
-        t.evaluate()
-    acc, test_loss, correct, total = t.last_eval
-    sps, step_ms, comm_ms = t.timing()
-    if c.save and t.rank == 0:
-        ckpt.atomic_savez(c.save, t.model.state_dict(copy=True))
-    summary = {"event": "summary", "test_accuracy": acc, "test_loss": test_loss,
-               "test_correct": correct, "test_samples": total,
-               "samples_per_sec": sps, "step_time_ms": step_ms, "comm_time_ms": comm_ms,
-               "comm_share": comm_ms / step_ms if step_ms else 0.0,
-               "ranks": t.size, "steps": t.step, "steps_run": t.step - start_step,
-               "epoch": t.epoch + t.pos / len(t.train_set),
-               "global_batch": t.global_batch, "model": c.model, "dataset": c.dataset,
-               "average": c.average, "wall_time_s": time.perf_counter() - wall}
-    metrics.write(summary)
-    _say(t.rank, f"test accuracy: {acc:.4f} ({correct}/{total}), test loss {test_loss:.4f}; "
-                 f"{t.step} steps, {sps:.0f} samples/s over {t.size} rank(s), "
-                 f"step {step_ms:.1f} ms, comm {comm_ms:.1f} ms")
-    return summary
-
-
-__all__ = ["run", "TIMING_WARMUP_STEPS"]
+_Trainer = Trainer  # the name tests/e2e/test_cli.py patches to inject a crash
+__all__ = ["run", "Trainer", "TIMING_WARMUP_STEPS"]
