@@ -8,11 +8,12 @@ Each section below re-exports one layer of the package; ``__all__`` is the publi
 (see docs/architecture.md).
 """
 # Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError.
-from mpitrain.comm import (Average, CollectiveError, Max, Min, Product, ReduceOp, Sum, allgather,
-                           allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast,
-                           broadcast_, broadcast_object, cross_rank, cross_size, grouped_allreduce,
-                           grouped_allreduce_, init, install_abort_hook, is_initialized,
-                           local_rank, local_size, rank, reducescatter, shutdown, size)
+from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Product, ReduceOp,
+                           Sum, allgather, allgather_object, allreduce, allreduce_, alltoall,
+                           barrier, broadcast, broadcast_, broadcast_object, cross_rank,
+                           cross_size, grouped_allreduce, grouped_allreduce_, init,
+                           install_abort_hook, is_initialized, local_rank, local_size, rank,
+                           reducescatter, shutdown, size)
 
 # Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
@@ -29,7 +30,7 @@ from mpitrain.nn import models
 __version__ = "0.1.0"
 __all__ = [
     # collectives
-    "init", "shutdown", "is_initialized", "install_abort_hook",
+    "init", "shutdown", "is_initialized", "install_abort_hook", "CommSettings",
     "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "ReduceOp", "Sum", "Average", "Min", "Max", "Product",
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",

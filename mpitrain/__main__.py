@@ -8,8 +8,8 @@ such an exception: cli.run_cli turns it into one line on rank 0 and exit code 2 
 import sys
 
 from mpitrain.cli import run_cli
-from mpitrain.comm import world
+from mpitrain.comm import abort
 
 if __name__ == "__main__":
-    world.install_abort_hook()
+    abort.install_abort_hook()
     sys.exit(run_cli())

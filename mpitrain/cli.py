@@ -39,7 +39,7 @@ def build_parser():
                      argument_default=argparse.SUPPRESS)
     for f in cfg.fields():
         flag = "--" + f.name.replace("_", "-")
-        kind = cfg._field_type(f)
+        kind = cfg.field_type(f)
         help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
@@ -104,8 +104,8 @@ def run_cli(argv=None):
 
 def main(argv=None):
     """Console-script entry point (``mpitrain ...``); same as ``python -m mpitrain``."""
-    from mpitrain.comm import world
-    world.install_abort_hook()
+    from mpitrain.comm import abort
+    abort.install_abort_hook()
     return run_cli(argv)
 
 

@@ -154,7 +154,7 @@ def env_name(name):
     return ENV_PREFIX + name.upper()
 
 
-def _field_type(f):
+def field_type(f):
     """The Python type a field's text is parsed into (Optional[int] -> int)."""
     if f.metadata.get("type"):
         return f.metadata["type"]
@@ -167,7 +167,7 @@ def _field_type(f):
 
 def parse_value(f, text, source):
     """Parse one text value for field ``f``; ``source`` names where it came from (for the error)."""
-    kind = _field_type(f)
+    kind = field_type(f)
     if kind is bool:
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):

@@ -8,9 +8,11 @@ import time
 
 import numpy as np
 
-from mpitrain.comm import collectives, overlap
+from mpitrain.comm import collectives, overlap, world
 from mpitrain.comm.check import CollectiveError
-from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
+from mpitrain.comm.ops import on_device
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
 # early in backward, large enough that per-call latency stays small (PyTorch DDP: 25 MB).
@@ -126,7 +128,8 @@ class DistributedOptimizer:
     in ``synchronize()``; without the hook (or with ``overlap=False``) everything is averaged
     in ``synchronize()``.
     ``fusion_threshold_bytes``: size limit of a bucket (0 = one allreduce per tensor); None
-    reads ``MPITRAIN_FUSION_THRESHOLD`` once, here (default 4 MiB with overlap, else 64 MiB).
+    takes the settings' MPITRAIN_FUSION_THRESHOLD, once, here (default 4 MiB with overlap, else
+    64 MiB).
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
     """
 
@@ -151,7 +154,7 @@ class DistributedOptimizer:
         self.overlap = bool(overlap)
         default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
                    else DEFAULT_THRESHOLD_BYTES)
-        self.fusion_threshold_bytes = check_threshold(fusion_threshold_bytes, default)
+        self.fusion_threshold_bytes = collectives.fusion_threshold(fusion_threshold_bytes, default)
         self.optimizer = optimizer
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
@@ -216,7 +219,7 @@ class DistributedOptimizer:
         """The overlapping bucket allreduce, or None where it does not apply."""
         if self._buckets is not None:
             return self._buckets
-        if (not self.overlap or self.average != "gradients" or collectives.world.size() == 1
+        if (not self.overlap or self.average != "gradients" or world.size() == 1
                 or not self.params or _is_device_array(self.params[0].data)):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
@@ -224,7 +227,7 @@ class DistributedOptimizer:
         f, op = self.gradient_predivide_factor, self.op
         self._buckets = overlap.BucketAllreduce(
             [(tuple(g.shape), g.dtype) for g in grads], self.fusion_threshold_bytes,
-            lambda flat: collectives._allreduce_flat(flat, op, 1.0 / f, f),
+            lambda flat: allreduce_flat(flat, op, 1.0 / f, f),
             {"name": "DistributedOptimizer.gradients", "op": op.value, "prescale_factor": 1.0 / f,
              "postscale_factor": f},
             wire_dtypes=[self.compression.wire_dtype(g.dtype) for g in grads])
@@ -234,7 +237,7 @@ class DistributedOptimizer:
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
         if self.average != "gradients":
             return
-        if collectives.world.size() == 1:  # the average of one: skip the pack/unpack copies
+        if world.size() == 1:  # the average of one: skip the pack/unpack copies
             self._synchronized = True
             return
         start = time.perf_counter()
@@ -277,7 +280,7 @@ class DistributedOptimizer:
 
     def average_weights(self):
         """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""
-        if collectives.world.size() == 1:
+        if world.size() == 1:
             return
         start = time.perf_counter()
         with _timeline().span("average_weights", cat="comm"):
@@ -310,9 +313,9 @@ class DistributedOptimizer:
 
 
 def _is_device_array(x):
-    # device.is_device_array's test, through collectives: importing comm/device.py here would
-    # load it in every process, GPU or not
-    return collectives._on_device(x)
+    # ops.on_device, not comm/device.py's test: importing device.py here would load it in every
+    # process, GPU or not
+    return on_device(x)
 
 
 def _timeline():

@@ -113,7 +113,8 @@ def main(argv=None):
                            shares, args.batch_size)
         threshold = args.ring_threshold_bytes
         if threshold is None:
-            from mpitrain.comm.collectives import RING_THRESHOLD_BYTES as threshold
+            from mpitrain.comm.settings import CommSettings
+            threshold = CommSettings().ring_threshold_bytes             # the default
         nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
         rows, cores = [], args.cores or usable_cores()
         sweep, points = load_scaling(args.scaling) if args.scaling else ({}, [])

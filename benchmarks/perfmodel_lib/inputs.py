@@ -58,7 +58,8 @@ def _ring_threshold(doc):
     """Smallest message our allreduce sends through the ring under --algo auto."""
     value = _get(doc, ("ring_threshold_bytes", "ring_threshold"))
     if value is None:
-        from mpitrain.comm.collectives import RING_THRESHOLD_BYTES as value
+        from mpitrain.comm.settings import CommSettings
+        value = CommSettings().ring_threshold_bytes                     # the default
     return int(value)
 
 

@@ -13,9 +13,10 @@ descriptions (pickled; the slow path is the error path) and build the same messa
 differing field with the ranks that hold each value. Every rank then raises, before any data
 moves, so the communicator stays usable. The measured cost is in docs/benchmarks.md.
 ``MPITRAIN_CHECK=0`` turns the exchange off (a mismatch then hangs or corrupts, as in MPI).
-``Prepared`` is the same agreement computed once for a call that repeats (collectives.py's
-steady-state allreduce). The exchange is the one place the stall watchdog (watchdog.py) marks as
-"in a collective".
+``Agreement`` is this for one communicator (its state, world.py, owns one: the send and receive
+buffers and the digest cache belong to it); ``Prepared`` is the same agreement computed once for
+a call that repeats (host.py's steady-state allreduce). The exchange is the one place the stall
+watchdog (watchdog.py) marks as "in a collective".
 
 Local validation errors (a bad root, a non-array) travel in the description too: if only some
 ranks see one, all raise CollectiveError naming those ranks; if all see the same one, all raise
@@ -23,79 +24,106 @@ it as ValueError -- never one rank raising while the others wait in the next MPI
 """
 import hashlib
 import math
-import os
 
 import numpy as np
 
 from mpitrain.comm import watchdog
 
-enabled = os.environ.get("MPITRAIN_CHECK", "1") != "0"
 HEADER_BYTES = 16
 INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
 _MASK = (1 << 62) - 1
 _ROW = (HEADER_BYTES + INLINE_BYTES) // 8
-_send = np.zeros(_ROW, np.int64)                  # [fingerprint, unused, payload...]
-_send_payload = _send.view(np.uint8)[HEADER_BYTES:]
-_recv = {}                                        # size -> _buffers(size)
-_digests = {}
 
 
 class CollectiveError(RuntimeError):
     """Ranks called a collective with arguments that do not match; raised on every rank."""
 
 
-def fingerprint(desc, key=None):
-    """62-bit digest of a description, identical in every process (no per-process hash seed).
+class Agreement:
+    """The cross-rank check of one communicator (``enabled=False``: MPITRAIN_CHECK=0)."""
 
-    key: optional hashable stand-in for ``desc`` (cheaper to hash than the description with its
-    dict); digests are cached under it, or under the description's items when it is None.
-    """
-    try:
-        if key is None:
-            key = (desc[0], tuple(desc[1].items()), desc[2])
-        h = _digests.get(key)
-    except TypeError:                    # an unhashable field value: digest without caching
-        key, h = None, None
-    if h is None:
-        digest = hashlib.blake2b(repr(desc).encode(), digest_size=8).digest()
-        h = int.from_bytes(digest, "little") & _MASK
-        if key is not None and len(_digests) < 4096:
-            _digests[key] = h
-    return h
+    def __init__(self, comm, enabled=True):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.enabled = bool(enabled)
+        self.usable = self.enabled and self.size > 1   # whether agreements exchange messages
+        self.send = np.zeros(_ROW, np.int64)                 # [fingerprint, unused, payload...]
+        self.send_payload = self.send.view(np.uint8)[HEADER_BYTES:]
+        rows = np.empty((self.size, _ROW), np.int64)
+        # every rank's row, its fingerprint column, its payload bytes
+        self.rows, self.column = rows, rows[:, 0]
+        self.payload_rows = rows.view(np.uint8)[:, HEADER_BYTES:]       # (size, INLINE_BYTES)
+        self.digests = {}
 
+    def fingerprint(self, desc, key=None):
+        """62-bit digest of a description, identical in every process (no per-process hash
+        seed). key: optional hashable stand-in for ``desc`` (cheaper to hash than the
+        description with its dict); digests are cached under it, or under the description's
+        items when it is None."""
+        try:
+            if key is None:
+                key = (desc[0], tuple(desc[1].items()), desc[2])
+            h = self.digests.get(key)
+        except TypeError:                    # an unhashable field value: digest without caching
+            key, h = None, None
+        if h is None:
+            h = fingerprint(desc)
+            if key is not None and len(self.digests) < 4096:
+                self.digests[key] = h
+        return h
 
-def agree(comm, kind, fields, error=None, payload=None, key=None):
-    """Check that every rank of ``comm`` calls collective ``kind`` with the same ``fields``.
+    def __call__(self, kind, fields, error=None, payload=None, key=None):
+        """Check that every rank calls collective ``kind`` with the same ``fields``.
 
-    fields: dict of name -> value (values need a deterministic repr: tuples, str, numbers).
-    error: this rank's local validation message or None.
-    payload: optional contiguous uint8 array of at most INLINE_BYTES, sent in the same message;
-    then the return value is every rank's payload, rows of a (size, len(payload)) array (valid
-    until the next check), else None. Without the exchange (one rank, MPITRAIN_CHECK=0) the
-    return value is None, so callers always keep a path that does not rely on the payload.
-    key: optional hashable summary of (kind, fields, error) for the digest cache (fingerprint).
-    Raises CollectiveError (mismatch anywhere) or ValueError (the same local error everywhere).
+        fields: dict of name -> value (values need a deterministic repr: tuples, str, numbers).
+        error: this rank's local validation message or None.
+        payload: optional contiguous uint8 array of at most INLINE_BYTES, sent in the same
+        message; then the return value is every rank's payload, rows of a (size, len(payload))
+        array (valid until the next check), else None. Without the exchange (one rank,
+        MPITRAIN_CHECK=0) the return value is None, so callers always keep a path that does
+        not rely on the payload.
+        key: optional hashable summary of (kind, fields, error) for the digest cache.
+        Raises CollectiveError (mismatch anywhere) or ValueError (the same local error
+        everywhere).
 
-    Every collective's first MPI call is this fixed-size Allgather, whatever its kind and
-    arguments: ranks that disagree still make matching MPI calls, so they can learn that they
-    disagree instead of blocking in different collectives.
-    """
-    size = comm.Get_size()
-    if not enabled or size == 1:
+        Every collective's first MPI call is this fixed-size Allgather, whatever its kind and
+        arguments: ranks that disagree still make matching MPI calls, so they can learn that
+        they disagree instead of blocking in different collectives.
+        """
+        if not self.usable:
+            if error is not None:
+                raise ValueError(error)
+            return None
+        desc = (kind, fields, error)
+        h = self.fingerprint(desc, key)
+        n = 0
+        if payload is not None:
+            n = payload.shape[0]
+            self.send_payload[:n] = payload
+        self.exchange(h, desc)
         if error is not None:
             raise ValueError(error)
-        return None
-    desc = (kind, fields, error)
-    h = fingerprint(desc, key)
-    n = 0
-    if payload is not None:
-        n = payload.shape[0]
-        _send_payload[:n] = payload
-    rows, column, payload_rows = _buffers(size)
-    _exchange(comm, h, rows, column, desc)
-    if error is not None:
-        raise ValueError(error)
-    return None if payload is None else payload_rows[:, :n]
+        return None if payload is None else self.payload_rows[:, :n]
+
+    def exchange(self, h, desc):
+        """Every collective's first MPI call: fixed-size, whatever the collective and arguments,
+        so ranks that disagree still make matching calls and learn it instead of blocking."""
+        self.send[0] = h
+        watchdog.enter(desc)
+        try:
+            self.comm.Allgather(self.send, self.rows)
+        finally:
+            watchdog.leave()
+        # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
+        fingerprints = self.column.tolist()
+        if fingerprints.count(h) != len(fingerprints):
+            raise CollectiveError(explain(self.comm.allgather(desc)))
+
+
+def fingerprint(desc):
+    """62-bit digest of a description, identical in every process (no per-process hash seed)."""
+    digest = hashlib.blake2b(repr(desc).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _MASK
 
 
 class Prepared:
@@ -109,62 +137,31 @@ class Prepared:
 
     payload: (dtype, shape) of the inline payload, at most INLINE_BYTES, or None.
     """
-    __slots__ = ("comm", "desc", "h", "rows", "column", "send", "received")
+    __slots__ = ("agreement", "desc", "h", "send", "received")
 
-    def __init__(self, comm, kind, fields, key=None, payload=None):
-        self.comm, size = comm, comm.Get_size()
+    def __init__(self, agreement, kind, fields, key=None, payload=None):
+        self.agreement = agreement
         self.desc = (kind, fields, None)
-        self.h = fingerprint(self.desc, key)
-        self.rows, self.column, payload_rows = _buffers(size)
+        self.h = agreement.fingerprint(self.desc, key)
         self.send = self.received = None
         if payload is not None:
             dtype, shape = np.dtype(payload[0]), tuple(payload[1])
             nbytes = dtype.itemsize * math.prod(shape)
-            self.send = _send_payload[:nbytes].view(dtype).reshape(shape)          # shape
-            self.received = payload_rows[:, :nbytes].view(dtype).reshape(
-                (size,) + shape)                                                # (size,) + shape
+            self.send = agreement.send_payload[:nbytes].view(dtype).reshape(shape)  # shape
+            self.received = agreement.payload_rows[:, :nbytes].view(dtype).reshape(
+                (agreement.size,) + shape)                                  # (size,) + shape
 
     def __call__(self):
         """Exchange; returns every rank's payload (valid until the next check) or None."""
-        _exchange(self.comm, self.h, self.rows, self.column, self.desc)
+        self.agreement.exchange(self.h, self.desc)
         return self.received
 
 
-def usable(comm):
-    """Whether agreements on ``comm`` exchange messages (else ``agree`` returns None)."""
-    return enabled and comm.Get_size() > 1
-
-
-def _buffers(size):
-    """Receive buffers for ``size`` ranks: rows (size, _ROW) int64, their fingerprint column
-    (size,) and their payload bytes (size, INLINE_BYTES)."""
-    bufs = _recv.get(size)
-    if bufs is None:
-        rows = np.empty((size, _ROW), np.int64)
-        bufs = _recv[size] = (rows, rows[:, 0], rows.view(np.uint8)[:, HEADER_BYTES:])
-    return bufs
-
-
-def _exchange(comm, h, rows, column, desc):
-    """Every collective's first MPI call: fixed-size, whatever the collective and arguments, so
-    ranks that disagree still make matching calls and learn it instead of blocking."""
-    _send[0] = h
-    watchdog.enter(desc)
-    try:
-        comm.Allgather(_send, rows)
-    finally:
-        watchdog.leave()
-    # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
-    fingerprints = column.tolist()
-    if fingerprints.count(h) != len(fingerprints):
-        raise CollectiveError(_explain(comm.allgather(desc)))
-
-
-def _explain(descs):
+def explain(descs):
     """One line naming what differs, with the ranks holding each value (same on every rank)."""
-    kinds = _group([d[0] for d in descs])
+    kinds = group([d[0] for d in descs])
     if len(kinds) > 1:
-        return "ranks called different collectives: " + _fmt(kinds)
+        return "ranks called different collectives: " + format_groups(kinds)
     kind = descs[0][0]
     errors = [(r, d[2]) for r, d in enumerate(descs) if d[2] is not None]
     if errors:
@@ -172,13 +169,13 @@ def _explain(descs):
         return f"{kind}: invalid arguments on some ranks ({text})"
     parts = []
     for key in descs[0][1]:
-        groups = _group([d[1].get(key) for d in descs])
+        groups = group([d[1].get(key) for d in descs])
         if len(groups) > 1:
-            parts.append(f"{key} differs across ranks: {_fmt(groups)}")
+            parts.append(f"{key} differs across ranks: {format_groups(groups)}")
     return f"{kind}: " + ("; ".join(parts) or "arguments differ across ranks")
 
 
-def _group(values):
+def group(values):
     """value -> ranks, in order of first appearance."""
     groups = {}
     for r, v in enumerate(values):
@@ -186,5 +183,5 @@ def _group(values):
     return groups
 
 
-def _fmt(groups):
+def format_groups(groups):
     return ", ".join(f"{v} on ranks {ranks}" for v, ranks in groups.items())

@@ -3,22 +3,23 @@
 collectives.py hands every array exposing ``__cuda_array_interface__`` (or a Numba device array,
 which under NUMBA_ENABLE_CUDASIM=1 is a simulated one) to the functions here, which have the same
 names and signatures as the host API. Arguments are validated and agreed across ranks exactly as
-on the host (check.agree), so a mismatch is a CollectiveError on every rank, never a hang.
+on the host (check.py's agreement), so a mismatch is a CollectiveError on every rank, never a hang.
 
 GPU selection: ``select_device()`` binds the process to GPU ``local_rank % device_count``; the
 training loop calls it before it allocates anything (a CUDA context created on the wrong GPU
 cannot be moved).
 
 Allreduce transport, chosen once (on the first device collective, identically on every rank,
-logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` forces one):
+logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` -- CommSettings.device_comm --
+forces one):
 
     nccl   cupy.cuda.nccl, when CuPy has it; the NCCL unique id is broadcast over MPI. NCCL
            reduces in place on the device, on the current CuPy stream (the legacy default
            stream unless the caller changed it, which Numba kernels also use). Not when ranks
            of a node share a GPU: NCCL refuses two ranks on one device.
     mpi    CUDA-aware MPI, when the MPI library says so (MPIX_Query_cuda_support() == 1, asked
-           through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1
-           overrides). The device is synchronised first: MPI reads device memory directly and
+           through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1, i.e.
+           CommSettings.cuda_aware_mpi, overrides). The device is synchronised first: MPI reads device memory directly and
            knows nothing of queued kernels.
     host   staging through pinned host buffers around the host allreduce (our ring): copy down,
            reduce, copy up. Always available; the only choice under the CUDA simulator.
@@ -28,7 +29,9 @@ a transport cannot reduce (float16 on MPI, int16 on NCCL) take the host path. Th
 of grouped_allreduce lives on the device: its plan follows fusion.py's rules (by dtype in order of
 first appearance, packed in input order up to MPITRAIN_FUSION_THRESHOLD bytes) so it is identical
 on every rank and reruns are bitwise identical. The one-off collectives (broadcast, allgather,
-reducescatter, alltoall: parameter broadcast at start, metrics) stage through the host.
+reducescatter, alltoall: parameter broadcast at start, metrics) stage through the host (host.py).
+The chosen GPU, transport, NCCL communicator and device fusion buffer live in the World
+(``world.current().device``), so ``mt.shutdown()`` forgets them.
 
 Array families: the only place in the package that branches on the array type is ``_family``;
 everything else goes through a family's kernels module (mpitrain.kernels.cuda_cupy or
@@ -42,11 +45,18 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.comm import check, collectives, world
-from mpitrain.comm.fusion import FusionBuffer, check_threshold
+from mpitrain.comm import host as host_collectives
+from mpitrain.comm import world
+from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
+from mpitrain.comm.fusion import FusionBuffer
+from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
+                               integer_average_error, reduce_args, reduce_kind)
+from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
 
-TRANSPORTS = ("nccl", "mpi", "host")
-_state = {"device": None, "transport": None, "nccl": None, "fusion": None}
+
+def _state():
+    """This World's device state: device, transport, nccl, fusion (absent until made)."""
+    return world.current().device
 
 
 # --- array families -----------------------------------------------------------------------------
@@ -153,8 +163,9 @@ def select_device(local_rank=None):
 
     Call before any device allocation. local_rank defaults to mpitrain's local rank.
     """
-    if _state["device"] is not None:
-        return _state["device"]
+    state = _state()
+    if state.get("device") is not None:
+        return state["device"]
     count = device_count()
     if count < 1:
         raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
@@ -166,7 +177,7 @@ def select_device(local_rank=None):
     from numba import cuda
     if cuda.is_available():
         cuda.select_device(dev)
-    _state["device"] = dev
+    state["device"] = dev
     return dev
 
 
@@ -176,8 +187,9 @@ def _cupy_importable():
 
 def _current_device():
     """This process's GPU id (select_device's, else CuPy's current one), or -1."""
-    if _state["device"] is not None:
-        return _state["device"]
+    dev = _state().get("device")
+    if dev is not None:
+        return dev
     if "cupy" in sys.modules:
         try:
             return sys.modules["cupy"].cuda.Device().id
@@ -201,9 +213,9 @@ def _nccl_ok():
 
 def cuda_aware_mpi():
     """MPITRAIN_CUDA_AWARE_MPI=0|1 if set, else the MPI library's MPIX_Query_cuda_support()."""
-    forced = os.environ.get("MPITRAIN_CUDA_AWARE_MPI")
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = world.current().settings.cuda_aware_mpi
+    if forced is not None:
+        return forced
     from numba import config
     if config.ENABLE_CUDASIM:
         return False
@@ -223,14 +235,11 @@ def cuda_aware_mpi():
 
 def transport():
     """The allreduce transport ('nccl' | 'mpi' | 'host'); chosen once, the same on every rank."""
-    if _state["transport"] is not None:
-        return _state["transport"]
-    comm = world.comm()
-    forced = os.environ.get("MPITRAIN_DEVICE_COMM", "auto").lower() or "auto"
-    err = None
-    if forced not in TRANSPORTS + ("auto",):
-        err = f"MPITRAIN_DEVICE_COMM={forced!r}: expected one of nccl, mpi, host (or unset)"
-    check.agree(comm, "device transport", {"MPITRAIN_DEVICE_COMM": forced}, err)
+    state = world.current()
+    if state.device.get("transport") is not None:
+        return state.device["transport"]
+    comm = state.comm
+    forced = state.settings.device_comm              # validated and agreed at init
     # NCCL refuses two ranks of one communicator on the same GPU (ranks sharing GPUs)
     ids = world.local_comm().allgather(_current_device())
     shared_gpu = len(set(ids)) < len(ids)
@@ -248,13 +257,8 @@ def transport():
         how = "forced by MPITRAIN_DEVICE_COMM" if forced != "auto" else "auto"
         print(f"mpitrain: device allreduce via {choice} ({how}; usable: "
               f"{', '.join(t for t in TRANSPORTS if usable[t])})", file=sys.stderr, flush=True)
-    _state["transport"] = choice
+    state.device["transport"] = choice
     return choice
-
-
-def _reset():
-    """Forget the transport, NCCL communicator and fusion buffer (tests; a new world)."""
-    _state.update(transport=None, nccl=None, fusion=None)
 
 
 # --- the flat device allreduce ------------------------------------------------------------------
@@ -267,15 +271,14 @@ _NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "
 
 def _nccl_comm():
     """The NCCL communicator of the current world (unique id from rank 0 over MPI)."""
-    comm = world.comm()
-    cached = _state["nccl"]
-    if cached is None or cached[0] is not comm:
+    state = world.current()
+    if state.device.get("nccl") is None:
         from cupy.cuda import nccl
+        comm = state.comm
         uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
         uid = comm.bcast(uid, root=0)
-        _state["nccl"] = cached = (comm, nccl.NcclCommunicator(comm.Get_size(), uid,
-                                                                comm.Get_rank()))
-    return cached[1]
+        state.device["nccl"] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+    return state.device["nccl"]
 
 
 def _allreduce_flat(fam, flat, op, pre, post):
@@ -289,12 +292,12 @@ def _allreduce_flat(fam, flat, op, pre, post):
     if how == "host":
         host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned
         fam.to_host(flat, host)
-        collectives._allreduce_flat(host, op, pre, post)
+        host_allreduce_flat(host, op, pre, post)
         fam.to_dev(host, flat)
         return flat
     if pre != 1.0:
         k.scale(flat, pre)
-    kind = collectives._reduce_kind(op)
+    kind = reduce_kind(op)
     if how == "nccl":
         from cupy.cuda import nccl
         ptr = flat.__cuda_array_interface__["data"][0]
@@ -302,8 +305,8 @@ def _allreduce_flat(fam, flat, op, pre, post):
                                getattr(nccl, _NCCL_OPS[kind]), fam.stream_ptr())
     elif how == "mpi":
         k.synchronize()                                          # MPI reads device memory now
-        world.comm().Allreduce(MPI.IN_PLACE, flat, op=collectives._MPI_OPS[kind])
-    factor = post / size if op is collectives.Average else post
+        world.comm().Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
+    factor = post / size if op is Average else post
     if factor != 1.0:
         k.scale(flat, factor)
     return flat
@@ -317,8 +320,8 @@ def _check(x, kind, in_place):
     """(wrapped array, family, error string or None) for one device argument."""
     fam = _family(x)
     a = fam.wrap(x)
-    if np.dtype(a.dtype) not in collectives.DTYPES:
-        names = ", ".join(d.name for d in collectives.DTYPES)
+    if np.dtype(a.dtype) not in DTYPES:
+        names = ", ".join(d.name for d in DTYPES)
         return a, fam, f"{kind}: dtype {a.dtype} is not supported; use one of {names}"
     if not fam.contiguous(a):
         return a, fam, f"{kind}: device arrays must be C-contiguous, got shape {a.shape}"
@@ -333,11 +336,11 @@ def _copy_of(fam, a):
 
 # --- allreduce ----------------------------------------------------------------------------------
 
-def allreduce(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce", False)
-    if err is None and collectives.integer_average(a.dtype, op):
+    if err is None and integer_average(a.dtype, op):
         # a float64 mean, as on the host, and through it (integer averages are small metrics)
-        return fam.kernels.to_device(collectives.allreduce(
+        return fam.kernels.to_device(host_collectives.allreduce(
             fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor))
     out = _copy_of(fam, a) if err is None else a
@@ -345,18 +348,18 @@ def allreduce(x, op=collectives.Average, name=None, prescale_factor=1.0, postsca
                               postscale_factor)
 
 
-def allreduce_(x, op=collectives.Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce_", True)
-    if err is None and collectives.integer_average(a.dtype, op):
-        err = collectives.integer_average_error("allreduce_", a.dtype)
+    if err is None and integer_average(a.dtype, op):
+        err = integer_average_error("allreduce_", a.dtype)
     _allreduce_checked("allreduce_", fam, a, err, op, name, prescale_factor, postscale_factor)
     return x
 
 
 def _allreduce_checked(kind, fam, a, err, op, name, prescale, postscale):
-    op, pre, post, fields, err2 = collectives._reduce_args(kind, op, prescale, postscale)
+    op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
     fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str)
-    check.agree(world.comm(), "allreduce", fields, err or err2)
+    world.current().agreement("allreduce", fields, err or err2)
     _allreduce_flat(fam, _flat(a), op, pre, post)
     return a
 
@@ -398,32 +401,36 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     errors += [f"{kind}: the Average of {np.dtype(a.dtype).name} device arrays is not an "
                f"integer; use mt.allreduce per array (a float64 mean) or op=mt.Sum"
                for a, fam, e in checked
-               if fam is not None and e is None and collectives.integer_average(a.dtype, op)]
+               if fam is not None and e is None and integer_average(a.dtype, op)]
     if len(fams) > 1:
         errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
-    op, pre, post, fields, err = collectives._reduce_args(kind, op, prescale, postscale)
-    threshold = check_threshold(threshold)
+    op, pre, post, fields, err = reduce_args(kind, op, prescale, postscale)
+    state = world.current()
+    try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
+        threshold, threshold_err = host_collectives.fusion_threshold(state, threshold), None
+    except ValueError as exc:
+        threshold, threshold_err = None, str(exc)
     fields.update(name=name, threshold_bytes=threshold,
                   arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays))
-    check.agree(world.comm(), "grouped_allreduce", fields, collectives._first_error(err, *errors))
+    state.agreement("grouped_allreduce", fields, first_error(err, threshold_err, *errors))
     if not arrays:
         return []
     fam = next(iter(fams.values()))
-    fusion = _state["fusion"]
+    fusion = state.device.get("fusion")
     if fusion is None or fusion.fam is not fam or fusion.threshold_bytes != threshold:
-        fusion = _state["fusion"] = DeviceFusionBuffer(fam, threshold)
+        fusion = state.device["fusion"] = DeviceFusionBuffer(fam, threshold)
     outs = arrays if in_place else [fam.kernels.empty(a.shape, a.dtype) for a in arrays]
     fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(fam, flat, op, pre, post))
     return xs if in_place else outs
 
 
-def grouped_allreduce(xs, op=collectives.Average, name=None, prescale_factor=1.0,
+def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, fusion_threshold_bytes=None):
     return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
                     fusion_threshold_bytes)
 
 
-def grouped_allreduce_(xs, op=collectives.Average, name=None, prescale_factor=1.0,
+def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0,
                        postscale_factor=1.0, fusion_threshold_bytes=None):
     return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
                     fusion_threshold_bytes)
@@ -438,19 +445,19 @@ def _down(x, kind):
 
 def _agree_error(kind, err):
     """A local device-argument error raised on every rank (the host call would see a fine array)."""
-    check.agree(world.comm(), f"{kind} (device)", {}, err)
+    world.current().agreement(f"{kind} (device)", {}, err)
 
 
 def allgather(x, name=None):
     host, fam, err = _down(x, "allgather")
     _agree_error("allgather", err)
-    return fam.kernels.to_device(collectives.allgather(host, name=name))
+    return fam.kernels.to_device(host_collectives.allgather(host, name=name))
 
 
 def broadcast(x, root_rank, name=None):
     host, fam, err = _down(x, "broadcast")
     _agree_error("broadcast", err)
-    return fam.kernels.to_device(collectives.broadcast(host, root_rank, name=name))
+    return fam.kernels.to_device(host_collectives.broadcast(host, root_rank, name=name))
 
 
 def broadcast_(x, root_rank, name=None):
@@ -458,16 +465,16 @@ def broadcast_(x, root_rank, name=None):
     _agree_error("broadcast_", err)
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
     fam.to_host(_flat(a), host)
-    collectives.broadcast_(host.reshape(a.shape), root_rank, name=name)
+    host_collectives.broadcast_(host.reshape(a.shape), root_rank, name=name)
     fam.to_dev(host, _flat(a))
     return x
 
 
-def reducescatter(x, op=collectives.Average, name=None, prescale_factor=1.0,
+def reducescatter(x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
     host, fam, err = _down(x, "reducescatter")
     _agree_error("reducescatter", err)
-    return fam.kernels.to_device(collectives.reducescatter(
+    return fam.kernels.to_device(host_collectives.reducescatter(
         host, op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
@@ -475,7 +482,7 @@ def reducescatter(x, op=collectives.Average, name=None, prescale_factor=1.0,
 def alltoall(x, splits=None, name=None):
     host, fam, err = _down(x, "alltoall")
     _agree_error("alltoall", err)
-    res = collectives.alltoall(host, splits=splits, name=name)
+    res = host_collectives.alltoall(host, splits=splits, name=name)
     if splits is None:
         return fam.kernels.to_device(res)
     return fam.kernels.to_device(res[0]), res[1]

@@ -14,8 +14,6 @@ every run, and reruns are bitwise identical -- unlike dynamic fusion that packs 
 Plans are cached by signature, and one flat buffer per dtype (sized to that dtype's largest
 bucket, so never above the threshold) is reused by every bucket and every call.
 """
-import os
-
 import numpy as np
 
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
@@ -23,21 +21,9 @@ from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 
-def threshold_from_env(default=DEFAULT_THRESHOLD_BYTES):
-    text = os.environ.get("MPITRAIN_FUSION_THRESHOLD", str(default))
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"MPITRAIN_FUSION_THRESHOLD={text!r} is not an integer (bytes)") from None
-    if value < 0:
-        raise ValueError(f"MPITRAIN_FUSION_THRESHOLD={value} must be >= 0 bytes")
-    return value
-
-
-def check_threshold(value=None, default=DEFAULT_THRESHOLD_BYTES):
-    """``value`` as a validated int (bytes); if None, MPITRAIN_FUSION_THRESHOLD, else default."""
-    if value is None:
-        return threshold_from_env(default)
+def check_threshold(value):
+    """An explicit bucket size limit, validated: an int >= 0 (bytes). The default, when none is
+    given, is the World's setting (MPITRAIN_FUSION_THRESHOLD) or the caller's own."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"fusion_threshold_bytes {value!r}: expected an integer >= 0 (bytes)")
     return int(value)
@@ -47,11 +33,15 @@ class FusionBuffer:
     """``empty(shape, dtype)`` allocates the flat buffers: NumPy here, a device backend's
     ``kernels.empty`` for comm/device.py's subclass (same plan, buffers on the GPU)."""
 
-    def __init__(self, threshold_bytes=None, empty=np.empty):
+    def __init__(self, threshold_bytes=DEFAULT_THRESHOLD_BYTES, empty=np.empty):
         self.threshold_bytes = check_threshold(threshold_bytes)
         self._empty = empty
         self._plans = {}
         self._buffers = {}
+
+    def buffer_sizes(self):
+        """dtype -> elements of its persistent flat buffer (never more than a threshold's)."""
+        return {dtype: buf.size for dtype, buf in self._buffers.items()}
 
     def plan(self, arrays):
         """The list of Buckets for these arrays (cached; identical for identical signatures)."""

@@ -13,7 +13,8 @@ background thread per process, and ``finish`` waits for them only before the upd
 
 Rules that keep N processes consistent (and reruns bitwise identical):
 - The plan is fixed at the first call from the (shape, dtype) sequence, agreed across ranks once
-  (check.agree: a mismatch is a CollectiveError on every rank), and identical on every rank.
+  (the World's agreement, check.py: a mismatch is a CollectiveError on every rank), and identical
+  on every rank.
 - Buckets are submitted strictly in plan order, whatever order the arrays are reported in, and
   one thread runs them in submission order: every rank issues the same allreduces in the same
   order, so MPI's matching and the ring's tags stay consistent.
@@ -34,7 +35,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.comm import check, watchdog, world
+from mpitrain.comm import watchdog, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
 from mpitrain.kernels import cpu
 
@@ -111,7 +112,7 @@ class BucketAllreduce:
                       wire=tuple(w.str for w in self.wire), overlap=True)
         # Once per plan, on the caller's thread, with nothing in flight: ranks whose arrays
         # differ learn it here, all of them, before any bucket moves.
-        check.agree(world.comm(), "grouped_allreduce", fields)
+        world.current().agreement("grouped_allreduce", fields)
         self.buckets = self._plan()
         self._bucket_of = [0] * len(self.specs)
         for b in self.buckets:

@@ -2,7 +2,7 @@
 
 When one rank never reaches a collective (it skipped an allreduce, loops, or is deadlocked in
 Python), the others block in MPI with nothing on screen. Every collective's first MPI call is
-the fixed-size Allgather of ``check.agree``, so that call alone is watched. Around it check.py
+the fixed-size Allgather of ``the agreement (check.py)``, so that call alone is watched. Around it check.py
 calls ``enter(desc)`` and ``leave()``: a counter increment and two stores to module globals --
 about 0.1 us a collective (0.18 us with a ``time.monotonic()`` per call, which is why there is
 none), no lock, no MPI call. The description (kind, fields, ...) is kept by reference; its
@@ -38,7 +38,7 @@ Protocol (the thread wakes every ``tick = min(1 s, warning/4)``):
    off (no thread). The variables should match across ranks; if they do not, nothing hangs:
    a rank without the thread is reported as "no answer".
 
-One record per process, not per thread: check.agree shares its send and receive buffers, and the
+One record per process, not per thread: the agreement (check.py) shares its send and receive buffers, and the
 collectives of one communicator must be issued in the same order on every rank, so at most one
 agreement is in flight per process, whichever thread calls it. overlap.py's comm thread calls
 no agreement (its plan is agreed once, on the caller's thread) but marks each bucket allreduce
@@ -59,13 +59,14 @@ wait in a later agreement.
 """
 import atexit
 import json
-import os
 import sys
 import threading
 import time
 from collections import namedtuple
 
 from mpi4py import MPI
+
+from mpitrain.comm.abort import abort as abort_job
 
 QUERY_TAG = 0x5741
 REPLY_TAG = 0x5742
@@ -87,7 +88,7 @@ missing: the other ranks; details: rank -> what it answered ("no answer" when it
 """
 
 
-# --- hot path (called by check.agree around its Allgather) ------------------------------------
+# --- hot path (called by the agreement (check.py) around its Allgather) ------------------------------------
 
 def enter(desc):
     """This process enters an agreement; desc: (kind, fields dict or None, ...) as in check.py."""
@@ -128,35 +129,14 @@ def sequence():
     return _seq
 
 
-# --- settings ---------------------------------------------------------------------------------
-
-def settings(env=None):
-    """(warning_s, shutdown_s) from MPITRAIN_STALL_WARNING (60) and MPITRAIN_STALL_SHUTDOWN (0)."""
-    env = os.environ if env is None else env
-    return (_seconds(env, "MPITRAIN_STALL_WARNING", 60.0),
-            _seconds(env, "MPITRAIN_STALL_SHUTDOWN", 0.0))
-
-
-def _seconds(env, key, default):
-    text = env.get(key, "")
-    if not text.strip():
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{key}={text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"{key}={text!r} must be >= 0 seconds (0 turns it off)")
-    return value
-
-
 # --- start / stop -----------------------------------------------------------------------------
 
-def start(comm, warning_s=None, shutdown_s=None, report=None, answer_timeout_s=ANSWER_TIMEOUT_S,
+def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=ANSWER_TIMEOUT_S,
           abort=None):
     """Start this rank's watchdog on ``comm`` (collective: every rank of comm calls it).
 
-    warning_s / shutdown_s: None reads the environment (settings()). report(stall): called on
+    warning_s / shutdown_s: MPITRAIN_STALL_WARNING / _SHUTDOWN (CommSettings, settings.py;
+    0 = off / never). report(stall): called on
     the watchdog thread with every Stall found (default: the lowest present rank prints
     ``stall.line`` to stderr). abort(stall): called after shutdown_s (default: print the line,
     MPI.COMM_WORLD.Abort(1)). The communicator is duplicated whenever it has more than one rank,
@@ -167,15 +147,8 @@ def start(comm, warning_s=None, shutdown_s=None, report=None, answer_timeout_s=A
     if comm.Get_size() == 1:
         return
     dup = comm.Dup()
-    try:
-        env_warning, env_shutdown = settings()
-    except ValueError:
-        dup.Free()
-        raise
-    warning_s = env_warning if warning_s is None else float(warning_s)
-    shutdown_s = env_shutdown if shutdown_s is None else float(shutdown_s)
     with _lock:
-        _watchdog = _Watchdog(dup, warning_s, shutdown_s, report or _print_report,
+        _watchdog = _Watchdog(dup, float(warning_s), float(shutdown_s), report or _print_report,
                               answer_timeout_s, abort or _abort)
         _watchdog.start()
 
@@ -407,5 +380,4 @@ def _print_report(stall):
 
 
 def _abort(stall):
-    from mpitrain.comm import world            # world imports this module: import here
-    world.abort(f"{stall.line}; aborting the job (MPITRAIN_STALL_SHUTDOWN)")
+    abort_job(f"{stall.line}; aborting the job (MPITRAIN_STALL_SHUTDOWN)")

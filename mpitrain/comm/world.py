@@ -1,8 +1,10 @@
-"""The MPI world as mpitrain sees it: one communicator, its rank/size, local and cross groups.
+"""The MPI world as mpitrain sees it: one World object per communicator, made by init().
 
-``init(comm)`` is idempotent and cheap after the first call; every collective calls ``comm()``,
-which initialises lazily, so ``mt.init()`` is a formality for scripts that never pass a
-communicator. Three communicators are derived once and kept:
+``init(comm, threads, settings)`` is idempotent and cheap after the first call; every collective
+asks ``current()``, which initialises lazily, so ``mt.init()`` is a formality for scripts that
+never pass a communicator. init agrees the settings (settings.py) across ranks, derives three
+communicators and keeps them in the World, with every buffer and plan the layers above make
+(see World); ``shutdown()`` drops the World, so nothing outlives it:
 
 - ``comm()``        the user's communicator (COMM_WORLD by default): checks, objects, MPI paths;
 - ``ring_comm()``   a private duplicate for the ring's point-to-point traffic, so its messages can
@@ -12,34 +14,40 @@ communicator. Three communicators are derived once and kept:
 
 ``MPITRAIN_LOCAL_SIZE=k`` fakes hosts of k consecutive ranks, so tests on one machine can exercise
 the local/cross split (it must divide the world size).
-
-``install_abort_hook()``: an uncaught Python exception on one rank otherwise leaves every other
-rank blocked in its next collective for ever (Python's normal exit path waits in MPI_Finalize).
-The hook prints the traceback tagged with the rank and calls ``MPI.COMM_WORLD.Abort(1)``, which
-tears the whole job down with a non-zero exit.
 """
-import os
-import sys
+import dataclasses
 import threading
-import time
-import traceback
 
 from mpi4py import MPI
 
 from mpitrain import threads as thread_budget
-from mpitrain.comm import watchdog
+from mpitrain.comm import check, watchdog
+from mpitrain.comm.settings import ENV, CommSettings, env_values
 
 _state = None
 _lock = threading.Lock()
 
 
-class _World:
-    def __init__(self, comm):
+class World:
+    """Everything mpitrain keeps for one communicator; ``shutdown()`` drops it all at once.
+
+    Communicators: ``comm`` (the user's), ``ring`` (a private duplicate for the ring's
+    point-to-point messages), ``local`` / ``cross``; ``settings`` (CommSettings, agreed across
+    ranks); ``agreement`` (check.Agreement: the cross-rank check's buffers). Owned by the layers
+    above, created there on first use and dropped with this object: ``scratch`` (engine.py's
+    ring scratch per dtype), ``plans`` (host.py's steady-state allreduces), ``fusion`` (the
+    fusion buffer), ``device`` (device.py's GPU, transport, NCCL communicator, fusion buffer).
+    """
+
+    def __init__(self, comm, settings):
         self.comm = comm
+        self.settings = settings
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        forced = os.environ.get("MPITRAIN_LOCAL_SIZE")
-        k = _parse_local_size(forced, self.size) if forced else None
+        k = settings.local_size
+        if k is not None and self.size % k:
+            raise ValueError(f"MPITRAIN_LOCAL_SIZE={k} must be >= 1 and divide the world size "
+                             f"{self.size}")
         self.ring = comm.Dup()
         if k:
             self.local = comm.Split(self.rank // k, self.rank)
@@ -50,6 +58,11 @@ class _World:
         self.cross = comm.Split(self.local_rank, self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
+        self.agreement = check.Agreement(comm, settings.check)
+        self.scratch = {}
+        self.plans = {}
+        self.fusion = None
+        self.device = {}
 
     def free(self):
         for c in (self.ring, self.local, self.cross):
@@ -57,17 +70,7 @@ class _World:
                 c.Free()
 
 
-def _parse_local_size(text, size):
-    try:
-        k = int(text)
-    except ValueError:
-        raise ValueError(f"MPITRAIN_LOCAL_SIZE={text!r} is not an integer") from None
-    if k < 1 or size % k:
-        raise ValueError(f"MPITRAIN_LOCAL_SIZE={k} must be >= 1 and divide the world size {size}")
-    return k
-
-
-def init(comm=None, threads=0):
+def init(comm=None, threads=0, settings=None):
     """Initialise mpitrain on ``comm`` (default ``MPI.COMM_WORLD``); idempotent.
 
     Calling it again with a different communicator is an error: collectives in flight would
@@ -76,11 +79,15 @@ def init(comm=None, threads=0):
     threads: this rank's BLAS thread budget, set when mpitrain initialises (threads.py): 0 =
     ``MPITRAIN_THREADS`` if set, else cores / ranks on this node (what ``python -m mpitrain``
     uses); n >= 1 = n threads; None = leave the thread pools as they are.
+    settings: a CommSettings (settings.py) instead of the MPITRAIN_* environment; either way
+    every rank must have the same (else CollectiveError on every rank).
     """
     global _state
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 0):
         raise ValueError(f"init(threads={threads!r}): expected an integer >= 0 or None")
+    if settings is not None and not isinstance(settings, CommSettings):
+        raise ValueError(f"init(settings=...) needs a CommSettings, got {settings!r}")
     with _lock:
         if _state is not None:
             if comm is not None and comm is not _state.comm:
@@ -91,115 +98,95 @@ def init(comm=None, threads=0):
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ValueError(f"init(comm=...) needs an mpi4py communicator, got {comm!r}")
-        state = _World(comm)
+        state = World(comm, _agreed_settings(comm, settings))
         try:
-            from mpitrain.comm import collectives       # imports this module: import here
-            collectives.configure(comm)                 # env settings, agreed across ranks
             if threads is not None:
                 thread_budget.configure(threads or thread_budget.from_env(), state.local_size)
-            watchdog.start(comm)                        # stall reports (watchdog.py)
+            watchdog.start(comm, state.settings.stall_warning_s, state.settings.stall_shutdown_s)
         except Exception:
             state.free()
             raise
         _state = state
 
 
+def _agreed_settings(comm, settings):
+    """The settings every rank has: compared before they are used (one pickled allgather,
+    whatever MPITRAIN_CHECK says), then parsed -- a bad value is the same ValueError on every
+    rank, a difference a CollectiveError on every rank."""
+    if settings is None:             # the raw variables: a bad value must not hide a difference
+        mine = {ENV[field]: text for field, text in env_values().items()}
+    else:
+        mine = dataclasses.asdict(settings)
+    every = comm.allgather(mine) if comm.Get_size() > 1 else [mine]
+    differ = [f"{key} differs across ranks: "
+              f"{check.format_groups(check.group([e[key] for e in every]))}"
+              for key in mine if len({repr(e[key]) for e in every}) > 1]
+    if differ:
+        raise check.CollectiveError("mt.init: " + "; ".join(differ))
+    return CommSettings.from_env() if settings is None else settings
+
+
 def shutdown():
-    """Free mpitrain's derived communicators (MPI itself is finalised by mpi4py at exit)."""
+    """Drop mpitrain's state for its communicator: derived communicators, buffers, plans,
+    device transport, watchdog (MPI itself is finalised by mpi4py at exit)."""
     global _state
     with _lock:
         if _state is not None:
             watchdog.stop()
             _state.free()
             _state = None
-    from mpitrain.comm import collectives
-    collectives._reset()
 
 
 def is_initialized():
     return _state is not None
 
 
-def _world():
-    if _state is None:
+def current():
+    """This process's World (initialised on first use, so mt.init() is optional)."""
+    state = _state
+    if state is None:
         init()
-    return _state
+        state = _state
+    return state
 
 
 def comm():
     """The user-facing communicator (COMM_WORLD unless ``init(comm)`` said otherwise)."""
-    return _world().comm
+    return current().comm
 
 
 def ring_comm():
     """Private duplicate used only by the ring's point-to-point messages."""
-    return _world().ring
+    return current().ring
 
 
 def local_comm():
-    return _world().local
+    return current().local
 
 
 def cross_comm():
-    return _world().cross
+    return current().cross
 
 
 def rank():
-    return _world().rank
+    return current().rank
 
 
 def size():
-    return _world().size
+    return current().size
 
 
 def local_rank():
-    return _world().local_rank
+    return current().local_rank
 
 
 def local_size():
-    return _world().local_size
+    return current().local_size
 
 
 def cross_rank():
-    return _world().cross_rank
+    return current().cross_rank
 
 
 def cross_size():
-    return _world().cross_size
-
-
-ABORT_GRACE_S = 0.5
-
-
-def abort(message):
-    """Print ``message`` on stderr and end the whole MPI job (exit code 1 from the launcher).
-
-    The pause lets the launcher forward the message first: Abort tears every process down at
-    once, and a loaded machine otherwise loses the one line that says why (seen with mpich's
-    hydra: the job ended non-zero with empty output).
-    """
-    sys.stderr.write(message if message.endswith("\n") else message + "\n")
-    sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
-    MPI.COMM_WORLD.Abort(1)
-
-
-def install_abort_hook():
-    """Make an uncaught exception on any rank abort the whole MPI job instead of hanging it."""
-    if getattr(sys.excepthook, "_mpitrain_abort", False):
-        return
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        if MPI.COMM_WORLD.Get_size() == 1:
-            return previous(exc_type, exc, tb)
-        r = MPI.COMM_WORLD.Get_rank()
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        abort(f"[rank {r}] uncaught exception, aborting the MPI job:\n{text}")
-
-    def thread_hook(args):
-        hook(args.exc_type, args.exc_value, args.exc_traceback)
-
-    hook._mpitrain_abort = True
-    sys.excepthook = hook
-    threading.excepthook = thread_hook
+    return current().cross_size

@@ -56,9 +56,9 @@ class DistributedSampler:
                  drop_last=True, batch_size=1):
         n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
         if num_replicas is None or rank is None:
-            import mpitrain as mt
-            num_replicas = mt.size() if num_replicas is None else num_replicas
-            rank = mt.rank() if rank is None else rank
+            from mpitrain.comm import world          # the only MPI here: who we are
+            num_replicas = world.size() if num_replicas is None else num_replicas
+            rank = world.rank() if rank is None else rank
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
         if batch_size < 1:
@@ -75,13 +75,13 @@ class DistributedSampler:
 
     def _agree(self):
         """Raise CollectiveError on every rank if the ranks describe different epochs."""
-        import mpitrain as mt
-        if not mt.is_initialized():
+        from mpitrain.comm import check, collectives, world
+        if not world.is_initialized():
             return
         mine = {"dataset length": self.n, "batch_size": self.batch_size,
                 "num_replicas": self.num_replicas, "seed": self.seed,
                 "shuffle": bool(self.shuffle), "drop_last": bool(self.drop_last)}
-        every = mt.allgather_object((mine, self.rank))
+        every = collectives.allgather_object((mine, self.rank))
         problems = [f"{key} differs across ranks ("
                     + ", ".join(f"rank {r}: {d[key]}" for r, (d, _) in enumerate(every)) + ")"
                     for key in mine if len({d[key] for d, _ in every}) > 1]
@@ -89,7 +89,7 @@ class DistributedSampler:
         if not problems and self.num_replicas == len(every) and len(set(ranks)) != len(ranks):
             problems.append(f"two ranks passed the same rank= (ranks given: {ranks})")
         if problems:
-            raise mt.CollectiveError("DistributedSampler: " + "; ".join(problems))
+            raise check.CollectiveError("DistributedSampler: " + "; ".join(problems))
 
     @property
     def global_batch(self):
@@ -146,9 +146,9 @@ def shard(dataset, num_replicas=None, rank=None):
     """
     n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
     if num_replicas is None or rank is None:
-        import mpitrain as mt
-        num_replicas = mt.size() if num_replicas is None else num_replicas
-        rank = mt.rank() if rank is None else rank
+        from mpitrain.comm import world
+        num_replicas = world.size() if num_replicas is None else num_replicas
+        rank = world.rank() if rank is None else rank
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
     return np.arange(rank, int(n), num_replicas, dtype=np.int64)

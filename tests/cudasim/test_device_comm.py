@@ -14,16 +14,17 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.comm import device
+from tests.support.comm import settings_stack
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
 @pytest.fixture
-def fresh_transport(monkeypatch):
-    device._reset()
-    yield monkeypatch
-    device._reset()
+def with_settings():
+    """``with_settings(device_comm="host")``: a fresh World (no transport chosen yet)."""
+    with settings_stack() as use:
+        yield use
 
 
 def test_single_rank_collectives_on_device_arrays(dev):
@@ -47,17 +48,15 @@ def test_bad_device_arguments_raise(dev):
         mt.grouped_allreduce([dev.to_device(np.zeros(3)), np.zeros(3)])
 
 
-def test_transport_is_host_under_the_simulator_and_can_be_forced(dev, fresh_transport):
-    fresh_transport.delenv("MPITRAIN_DEVICE_COMM", raising=False)
+def test_transport_is_host_under_the_simulator_and_can_be_forced(dev, with_settings):
+    with_settings(device_comm="auto")
     assert device.transport() == "host"
-    device._reset()
-    fresh_transport.setenv("MPITRAIN_DEVICE_COMM", "nccl")
+    with_settings(device_comm="nccl")
     with pytest.raises(ValueError, match="MPITRAIN_DEVICE_COMM=nccl"):
         device.transport()
-    fresh_transport.setenv("MPITRAIN_DEVICE_COMM", "carrier-pigeon")
     with pytest.raises(ValueError, match="carrier-pigeon"):
-        device.transport()
-    fresh_transport.setenv("MPITRAIN_DEVICE_COMM", "host")
+        mt.CommSettings.from_env({"MPITRAIN_DEVICE_COMM": "carrier-pigeon"})
+    with_settings(device_comm="host")
     assert device.transport() == "host"
 
 

@@ -119,11 +119,11 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(
         "import sys\n"
-        "from mpitrain.comm import world\n"
+        "from mpitrain.comm import abort\n"
         "import mpitrain as mt\n"
         "from mpitrain import train\n"
         "from mpitrain.cli import run_cli\n"
-        "world.install_abort_hook()\n"
+        "abort.install_abort_hook()\n"
         "mt.init()\n"
         "if mt.rank() == 1:\n"
         "    def boom(self, idx):\n"

@@ -5,21 +5,19 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.comm import device
+from tests.support.comm import comm_settings
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(params=device.TRANSPORTS)
-def transport(request, monkeypatch):
-    monkeypatch.setenv("MPITRAIN_DEVICE_COMM", request.param)
-    monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", "256")
-    device._reset()
-    try:
-        chosen = device.transport()          # collective: every rank skips or none does
-    except ValueError as exc:
-        pytest.skip(str(exc))
-    yield chosen
-    device._reset()
+def transport(request):
+    with comm_settings(device_comm=request.param, fusion_threshold_bytes=256):
+        try:
+            chosen = device.transport()          # collective: every rank skips or none does
+        except ValueError as exc:
+            pytest.skip(str(exc))
+        yield chosen
 
 
 def test_collectives_match_host(gpu, transport):

@@ -16,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
+from tests.support.comm import settings_stack
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -54,8 +55,9 @@ def mpitrain_world():
     mt.barrier()
 
 
-@pytest.fixture(autouse=True)
-def default_env(monkeypatch):
-    """Each test starts from the default allreduce path and fusion threshold."""
-    for key in ("MPITRAIN_ALLREDUCE", "MPITRAIN_FUSION_THRESHOLD"):
-        monkeypatch.delenv(key, raising=False)
+@pytest.fixture
+def use_settings():
+    """``use_settings(algorithm="ring", ...)``: the rest of the test runs under those comm
+    settings (mt.init(settings=...)); the previous ones come back afterwards."""
+    with settings_stack() as use:
+        yield use

@@ -9,68 +9,22 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
-from mpitrain.comm import collectives
+from mpitrain.comm import engine, world
+from tests.support.oracles import (DTYPES, OPS, assert_matches, assert_same_on_all_ranks,
+                                   numpy_oracle, rank_input, scale_copy)
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
-DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
-OPS = [mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product]
 LENGTHS = sorted({0, 1, max(N - 1, 1), N, N + 1, 2, 3, 7, 13, 31, 1009})
-NP_OPS = {mt.Sum: np.add, mt.Average: np.add, mt.Min: np.minimum, mt.Max: np.maximum,
-          mt.Product: np.multiply}
 MPI_OPS = {mt.Sum: MPI.SUM, mt.Average: MPI.SUM, mt.Min: MPI.MIN, mt.Max: MPI.MAX,
            mt.Product: MPI.PROD}
-
-
-def rank_input(rank, n, dtype, op, seed=0):
-    rng = np.random.default_rng([seed, rank, n])
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        low, high = (0.5, 1.5) if op is mt.Product else (-4, 4)
-        return rng.uniform(low, high, n).astype(dt)
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
-
-
-def numpy_oracle(inputs, op, pre=1.0, post=1.0):
-    if op is mt.Average and inputs[0].dtype.kind != "f":   # NumPy's mean: a float64
-        inputs = [x.astype(np.float64) for x in inputs]
-    dt = inputs[0].dtype
-    scaled = [_scale(x, pre) for x in inputs]
-    acc = scaled[0].copy()
-    for x in scaled[1:]:
-        NP_OPS[op](acc, x, out=acc)
-    return _scale(acc, post / N if op is mt.Average else post).astype(dt)
-
-
-def _scale(x, factor):
-    y = x.copy()
-    if factor != 1.0:
-        np.multiply(y, factor, out=y, casting="unsafe")
-    return y
-
-
-def assert_matches(got, want):
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if got.dtype.kind == "f":
-        tol = 2e-2 if got.dtype == np.float16 else 1e-5
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
-                                   rtol=tol, atol=tol)
-    else:
-        np.testing.assert_array_equal(got, want)
-
-
-def assert_same_on_all_ranks(x):
-    """The result must be bitwise identical on every rank (replicas must not drift)."""
-    ref = MPI.COMM_WORLD.bcast(x.tobytes(), root=0)
-    assert x.tobytes() == ref
 
 
 @pytest.mark.parametrize("path", ["ring", "mpi", "auto"])   # auto: <= 4 KiB inline in the check
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_allreduce_every_op_dtype_length(dtype, op, path, monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
+def test_allreduce_every_op_dtype_length(dtype, op, path, use_settings):
+    use_settings(algorithm=path)
     for n in LENGTHS:
         inputs = [rank_input(r, n, dtype, op) for r in range(N)]
         got = mt.allreduce(inputs[R], op=op)
@@ -81,7 +35,7 @@ def test_allreduce_every_op_dtype_length(dtype, op, path, monkeypatch):
             want = inputs[R].astype(got.dtype)        # float64 for an integer Average
             MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, want, op=MPI_OPS[op])
             if op is mt.Average:
-                want = _scale(want, 1.0 / N)
+                want = scale_copy(want, 1.0 / N)
             assert_matches(got, want)
 
 
@@ -103,8 +57,8 @@ def test_allreduce_out_of_place_leaves_input():
 
 
 @pytest.mark.parametrize("path", ["ring", "mpi"])
-def test_prescale_postscale(path, monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
+def test_prescale_postscale(path, use_settings):
+    use_settings(algorithm=path)
     inputs = [rank_input(r, 50, "float64", mt.Sum) for r in range(N)]
     for op in (mt.Sum, mt.Average):
         got = mt.allreduce(inputs[R], op=op, prescale_factor=0.5, postscale_factor=3.0)
@@ -116,8 +70,8 @@ def test_prescale_postscale(path, monkeypatch):
 
 @pytest.mark.parametrize("path", ["ring", "mpi", "auto"])
 @pytest.mark.parametrize("dtype", ["uint8", "int32", "int64"])
-def test_integer_average_is_a_float64_mean_never_truncated(dtype, path, monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
+def test_integer_average_is_a_float64_mean_never_truncated(dtype, path, use_settings):
+    use_settings(algorithm=path)
     x = np.full(5, R + 1, dtype)                      # ranks hold 1, 2, ..., N
     got = mt.allreduce(x, op=mt.Average)
     assert got.dtype == np.float64
@@ -143,8 +97,8 @@ def test_integer_average_in_place_raises_on_every_rank():
 
 
 @pytest.mark.parametrize("path", ["ring", "mpi"])
-def test_non_contiguous_inputs(path, monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
+def test_non_contiguous_inputs(path, use_settings):
+    use_settings(algorithm=path)
     base = np.arange(60, dtype=np.float32).reshape(6, 10) * (R + 1)  # (6, 10)
     want = np.arange(60, dtype=np.float32).reshape(6, 10) * (N * (N + 1) / 2)
     np.testing.assert_array_equal(mt.allreduce(base[:, ::3], op=mt.Sum), want[:, ::3])
@@ -165,15 +119,15 @@ def test_shapes_and_scalars():
     np.testing.assert_array_equal(z, [N, 2 * N])
 
 
-def test_auto_path_around_the_threshold(monkeypatch):
-    monkeypatch.setattr(collectives, "RING_THRESHOLD_BYTES", 64 * 1024)   # keep the test small
+def test_auto_path_around_the_threshold(use_settings):
+    use_settings(ring_threshold_bytes=64 * 1024)                         # keep the test small
     for n in (1023, 1025, 16383, 16385):                                 # inline, MPI, ring
         inputs = [rank_input(r, n, "float32", mt.Max) for r in range(N)]
         assert_matches(mt.allreduce(inputs[R], op=mt.Max), numpy_oracle(inputs, mt.Max))
 
 
-def test_large_ring_over_a_million(monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
+def test_large_ring_over_a_million(use_settings):
+    use_settings(algorithm="ring")
     n = 1_000_003
     x = ((np.arange(n) % 5) * (R + 1)).astype(np.float32)             # (n,)
     got = mt.allreduce(x, op=mt.Sum)
@@ -190,10 +144,10 @@ def test_ops_accept_strings_and_ranks_are_consistent():
     assert mt.is_initialized()
 
 
-def test_ring_steady_state_allocates_no_buffer(monkeypatch):
+def test_ring_steady_state_allocates_no_buffer(use_settings):
     """After the first call (scratch, JIT) a 4 MB ring allreduce allocates no array at all."""
     import tracemalloc
-    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
+    use_settings(algorithm="ring")
     x = np.full(1 << 20, R, np.float32)                                 # (1M,) 4 MB
     mt.allreduce_(x, op=mt.Max)
     tracemalloc.start()
@@ -207,11 +161,9 @@ def test_ring_steady_state_allocates_no_buffer(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["int16", "float16", "float64"])
-def test_ring_with_many_small_subchunks(dtype, monkeypatch):
+def test_ring_with_many_small_subchunks(dtype, use_settings):
     """Tiny sub-chunks: many pipelined messages per step, double-buffered scratch reuse."""
-    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
-    monkeypatch.setattr(collectives, "SUBCHUNK_BYTES", 24)
-    monkeypatch.setattr(collectives, "_scratch", {})
+    use_settings(algorithm="ring", ring_subchunk_bytes=24)
     for n in (5, 97, 1000):
         for op in (mt.Sum, mt.Max):
             inputs = [rank_input(r, n, dtype, op) for r in range(N)]
@@ -220,15 +172,15 @@ def test_ring_with_many_small_subchunks(dtype, monkeypatch):
             assert_same_on_all_ranks(got)
 
 
-# --- steady state: repeated calls reuse a validated plan (collectives._Plan) ---------------------
+# --- steady state: repeated calls reuse a validated plan (host._Plan) ---------------------------
 
 @pytest.mark.parametrize("path", ["auto", "mpi", "ring"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_repeated_calls_match_the_first(dtype, path, monkeypatch):
+def test_repeated_calls_match_the_first(dtype, path, use_settings):
     """The second identical call takes the cached plan: same bits as the general path, in place
     and out of place, for every op, small (inline) and larger (MPI/ring) sizes."""
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
-    monkeypatch.setattr(collectives, "_plans", {})
+    use_settings(algorithm=path)                        # a new World: no plans yet
+    plans = world.current().plans
     for n, shape in ((0, (0,)), (1, ()), (7, (7,)), (12, (3, 4)), (1024, (1024,)),
                      (3000, (3000,))):
         for op in OPS:
@@ -241,13 +193,13 @@ def test_repeated_calls_match_the_first(dtype, path, monkeypatch):
                 x = planned.copy()
             else:
                 assert mt.allreduce_(x, op=op, postscale_factor=0.5) is x
-            collectives._plans.clear()
+            plans.clear()
             general = mt.allreduce(inputs[R], op=op, postscale_factor=0.5)
             assert planned.shape == x.shape == general.shape == shape
             assert planned.tobytes() == x.tobytes() == general.tobytes(), (n, op)
             assert inputs[R].tobytes() == rank_input(R, n, dtype, op, 1).tobytes()  # untouched
             assert_matches(planned, numpy_oracle(inputs, op, 1.0, 0.5))
-    assert bool(collectives._plans) == (N > 1), "plans exist exactly when there is a check"
+    assert bool(plans) == (N > 1), "plans exist exactly when there is a check"
 
 
 @pytest.mark.skipif(N == 1, reason="a mismatch needs two ranks")
@@ -275,26 +227,24 @@ def test_plan_never_accepts_what_the_general_path_rejects():
     mt.allreduce(x, name=["unhashable"])                               # no plan, still works
 
 
-def test_plans_step_aside_when_the_check_is_off(monkeypatch):
-    """With the agreement off (MPITRAIN_CHECK=0) a cached plan must not exchange any more."""
-    from mpitrain.comm import check
-    x = np.full(16, R + 1.0, np.float32)
-    mt.allreduce(x, op=mt.Sum)
-    mt.allreduce(x, op=mt.Sum)
-    monkeypatch.setattr(check, "enabled", False)
+def test_no_plans_and_no_exchange_when_the_check_is_off(use_settings, monkeypatch):
+    """With the agreement off (MPITRAIN_CHECK=0) no call exchanges anything, a repeated one
+    included: plans are only made where there is a check."""
+    use_settings(check=False)
+    state = world.current()
     sent = []
-    monkeypatch.setattr(check, "_exchange", lambda *args: sent.append(args))
-    np.testing.assert_array_equal(mt.allreduce(x, op=mt.Sum), np.full(16, N * (N + 1) / 2))
-    assert sent == []
+    monkeypatch.setattr(state.agreement, "exchange", lambda *args: sent.append(args))
+    x = np.full(16, R + 1.0, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(mt.allreduce(x, op=mt.Sum), np.full(16, N * (N + 1) / 2))
+    assert sent == [] and state.plans == {}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
-def test_ring_scales_each_chunk_once_where_it_is_reduced(dtype, monkeypatch):
+def test_ring_scales_each_chunk_once_where_it_is_reduced(dtype, use_settings):
     """The ring applies Average's 1/N (and postscale) to the chunk each rank completes, before
     the allgather: bitwise the same as scaling the whole summed buffer afterwards."""
-    monkeypatch.setattr(collectives, "ALGORITHM", "ring")
-    monkeypatch.setattr(collectives, "SUBCHUNK_BYTES", 40)              # several pieces a chunk
-    monkeypatch.setattr(collectives, "_scratch", {})
+    use_settings(algorithm="ring", ring_subchunk_bytes=40)             # several pieces a chunk
     for n in (1, N + 1, 257):
         x = rank_input(R, n, dtype, mt.Sum)
         if x.dtype.kind == "i":
@@ -304,7 +254,7 @@ def test_ring_scales_each_chunk_once_where_it_is_reduced(dtype, monkeypatch):
             mean = op is mt.Average and x.dtype.kind == "i"      # an integer mean: float64
             want = total.astype(np.float64) if mean else total.copy()
             factor = post / N if op is mt.Average else post
-            collectives._scale(want, factor)
+            engine.scale(want, factor)
             got = mt.allreduce(x, op=op, postscale_factor=post)
             assert got.tobytes() == want.tobytes(), (n, op, post)
             assert_same_on_all_ranks(got)

@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
-from mpitrain.comm import collectives
+from mpitrain.comm import world
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
@@ -36,8 +36,8 @@ def others():
 
 @multi
 @pytest.mark.parametrize("path", ["ring", "mpi"])
-def test_shape_mismatch_same_count(path, monkeypatch):
-    monkeypatch.setattr(collectives, "ALGORITHM", path)
+def test_shape_mismatch_same_count(path, use_settings):
+    use_settings(algorithm=path)
     x = np.zeros((4,) if R == 0 else (2, 2), np.float32)
     raises_everywhere(lambda: mt.allreduce(x), "shape differs", "(4,) on ranks [0]",
                       f"(2, 2) on ranks {others()}")
@@ -60,33 +60,49 @@ def test_length_dtype_op_scale_mismatch():
 
 @multi
 def test_settings_env_mismatch_at_init(monkeypatch):
-    """Ranks launched with different MPITRAIN_ALLREDUCE would take different paths: init says so."""
-    saved = (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES, collectives.SUBCHUNK_BYTES)
+    """Ranks launched with different MPITRAIN_ALLREDUCE would take different paths: init says so,
+    on every rank, and leaves nothing half-initialised."""
+    mt.shutdown()
     monkeypatch.setenv("MPITRAIN_ALLREDUCE", "mpi" if R == 0 else "ring")
     monkeypatch.setenv("MPITRAIN_RING_SUBCHUNK", "4096")
-    raises_everywhere(lambda: collectives.configure(MPI.COMM_WORLD),
-                      "mt.init: MPITRAIN_ALLREDUCE differs across ranks", "'mpi' on ranks [0]",
-                      f"'ring' on ranks {others()}")
-    assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES,
-            collectives.SUBCHUNK_BYTES) == saved                       # nothing half-applied
+    with pytest.raises(mt.CollectiveError) as info:
+        mt.init(threads=None)
+    text = str(info.value)
+    assert "mt.init: MPITRAIN_ALLREDUCE differs across ranks" in text
+    assert "'mpi' on ranks [0]" in text and f"'ring' on ranks {others()}" in text
+    assert "SUBCHUNK" not in text and not mt.is_initialized()
+    monkeypatch.delenv("MPITRAIN_ALLREDUCE")
+    monkeypatch.delenv("MPITRAIN_RING_SUBCHUNK")
+    still_works()
 
 
 def test_settings_bad_value_at_init(monkeypatch):
-    saved = collectives.RING_THRESHOLD_BYTES
+    mt.shutdown()
     monkeypatch.setenv("MPITRAIN_RING_THRESHOLD", "lots")
     with pytest.raises(ValueError, match="MPITRAIN_RING_THRESHOLD='lots' is not an integer"):
-        collectives.configure(MPI.COMM_WORLD)
-    assert collectives.RING_THRESHOLD_BYTES == saved
+        mt.init(threads=None)
+    assert not mt.is_initialized()
     monkeypatch.setenv("MPITRAIN_RING_THRESHOLD", "1024")
     monkeypatch.setenv("MPITRAIN_ALLREDUCE", "RING")
+    mt.init(threads=None)
     try:
-        collectives.configure(MPI.COMM_WORLD)
-        assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES) == ("ring", 1024)
+        settings = world.current().settings
+        assert (settings.algorithm, settings.ring_threshold_bytes) == ("ring", 1024)
     finally:
+        mt.shutdown()
         monkeypatch.delenv("MPITRAIN_RING_THRESHOLD")
         monkeypatch.delenv("MPITRAIN_ALLREDUCE")
-        collectives.configure(MPI.COMM_WORLD)
-    assert (collectives.ALGORITHM, collectives.RING_THRESHOLD_BYTES) == ("auto", saved)
+    assert world.current().settings == mt.CommSettings()         # read again at the next init
+    still_works()
+
+
+@multi
+def test_explicit_settings_that_differ_are_a_collective_error():
+    mt.shutdown()
+    with pytest.raises(mt.CollectiveError, match="ring_subchunk_bytes differs across ranks"):
+        mt.init(threads=None, settings=mt.CommSettings(ring_subchunk_bytes=1024 * (R + 1)))
+    assert not mt.is_initialized()
+    still_works()
 
 
 @multi
@@ -174,8 +190,11 @@ def test_device_arrays_have_one_clear_dispatch_point(monkeypatch):
         __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False),
                                     "version": 3}
     seen = []
-    monkeypatch.setattr(collectives, "_device",
-                        lambda name: lambda *a, **k: seen.append(name) or "routed")
+
+    class FakeDevice:
+        def __getattr__(self, name):
+            return lambda *a, **k: seen.append(name) or "routed"
+    monkeypatch.setattr(collectives, "_device", FakeDevice)
     x = FakeDeviceArray()
     assert mt.allreduce(x) == "routed" and mt.grouped_allreduce_([x]) == "routed"
     assert mt.broadcast_(x, 0) == "routed"

@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
-from mpitrain.comm import collectives
+from mpitrain.comm import world
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
@@ -34,9 +34,9 @@ def expected(op=mt.Average):
 
 
 @pytest.mark.parametrize("threshold", [None, "0", "64", "100000"])
-def test_grouped_round_trip_any_threshold(threshold, monkeypatch):
+def test_grouped_round_trip_any_threshold(threshold, use_settings):
     if threshold is not None:
-        monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", threshold)
+        use_settings(fusion_threshold_bytes=int(threshold))
     xs = model_like(R)
     for op in (mt.Sum, mt.Average):
         outs = mt.grouped_allreduce(xs, op=op)
@@ -57,13 +57,14 @@ def test_grouped_in_place_and_deterministic():
     assert mt.grouped_allreduce([]) == []
 
 
-def test_buckets_split_when_over_threshold(monkeypatch):
-    monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", str(40 * 4))        # 40 float32 elements
+def test_buckets_split_when_over_threshold(use_settings):
+    use_settings(fusion_threshold_bytes=40 * 4)                         # 40 float32 elements
     xs = [np.full(n, R + 1.0, np.float32) for n in (10, 20, 15, 50, 5)]
     outs = mt.grouped_allreduce(xs, op=mt.Sum)
     for x, o in zip(xs, outs):
         np.testing.assert_array_equal(o, np.full(x.shape, N * (N + 1) / 2))
-    plan = collectives._fusion_buffer().plan(xs)
+    fusion = world.current().fusion
+    plan = fusion.plan(xs)
     assert [[e[0] for e in b.entries] for b in plan] == [[0, 1], [2], [3], [4]]
     # The shared buffer never exceeds the threshold: the 50-element array went direct.
-    assert collectives._fusion_buffer()._buffers[np.dtype(np.float32)].size <= 40
+    assert fusion.buffer_sizes()[np.dtype(np.float32)] <= 40

@@ -182,13 +182,13 @@ def test_different_models_on_ranks_raise_collective_error_everywhere():
         opt.backward_hook(model.parameters()[-1:])
 
 
-def test_fusion_threshold_is_a_parameter_not_an_environment_variable(monkeypatch):
-    from mpitrain.comm import collectives
+def test_fusion_threshold_is_a_parameter_or_a_setting(use_settings):
     xs = [np.full(4, float(R)) for _ in range(3)]                        # 32 bytes each
     mt.grouped_allreduce_(xs, op=mt.Sum, fusion_threshold_bytes=40)
     assert "MPITRAIN_FUSION_THRESHOLD" not in os.environ
-    assert collectives._fusion.threshold_bytes == 40
-    assert len(collectives._fusion.plan(xs)) == 3                        # one bucket each
+    fusion = world.current().fusion
+    assert fusion.threshold_bytes == 40
+    assert len(fusion.plan(xs)) == 3                                     # one bucket each
     for x in xs:
         np.testing.assert_array_equal(x, np.full(4, float(sum(range(N)))))
     model = _model("mlp", np.float32)
@@ -199,7 +199,7 @@ def test_fusion_threshold_is_a_parameter_not_an_environment_variable(monkeypatch
     assert wrap(fusion_threshold_bytes=123).fusion_threshold_bytes == 123
     assert wrap().fusion_threshold_bytes == 4 << 20                      # overlap default
     assert wrap(overlap=False).fusion_threshold_bytes == 64 << 20
-    monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", "256")              # the Python API's knob
+    use_settings(fusion_threshold_bytes=256)               # MPITRAIN_FUSION_THRESHOLD, at init
     assert wrap().fusion_threshold_bytes == 256
     with pytest.raises(ValueError, match="fusion_threshold_bytes -1"):
         wrap(fusion_threshold_bytes=-1)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import mpitrain as mt
-from mpitrain.comm import collectives
-from test_allreduce import DTYPES, OPS, assert_matches, numpy_oracle, rank_input
+from tests.support.comm import comm_settings
+from tests.support.oracles import DTYPES, OPS, assert_matches, numpy_oracle, rank_input
 
 N = MPI.COMM_WORLD.Get_size()
 R = MPI.COMM_WORLD.Get_rank()
@@ -23,27 +23,20 @@ SETTINGS = settings(max_examples=25, derandomize=True, database=None, deadline=N
        dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
        path=st.sampled_from(["auto", "ring", "mpi"]), seed=st.integers(0, 1000))
 def test_allreduce_matches_oracle(shape, dtype, op, path, seed):
-    saved, collectives.ALGORITHM = collectives.ALGORITHM, path
-    try:
+    with comm_settings(algorithm=path):
         n = int(np.prod(shape))
         inputs = [rank_input(r, n, dtype, op, seed).reshape(shape) for r in range(N)]
         got = mt.allreduce(inputs[R], op=op)
         assert_matches(got, numpy_oracle(inputs, op))
-    finally:
-        collectives.ALGORITHM = saved
 
 
 @SETTINGS
 @given(sizes=st.lists(st.integers(0, 40), min_size=0, max_size=6),
        threshold=st.sampled_from([0, 16, 100, 1 << 20]))
 def test_grouped_allreduce_matches_separate_allreduces(sizes, threshold):
-    import os
-    os.environ["MPITRAIN_FUSION_THRESHOLD"] = str(threshold)
-    try:
+    with comm_settings(fusion_threshold_bytes=threshold):
         xs = [np.arange(n, dtype=np.float32 if i % 2 else np.float64) * (R + 1) + i
               for i, n in enumerate(sizes)]
         outs = mt.grouped_allreduce(xs, op=mt.Sum)
         for x, o in zip(xs, outs):
             np.testing.assert_array_equal(o, mt.allreduce(x, op=mt.Sum))
-    finally:
-        del os.environ["MPITRAIN_FUSION_THRESHOLD"]

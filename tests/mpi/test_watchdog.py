@@ -40,7 +40,8 @@ def reports():
     yield start, found
     watchdog.stop()
     mt.barrier()
-    watchdog.start(world.comm())
+    settings = world.current().settings
+    watchdog.start(world.comm(), settings.stall_warning_s, settings.stall_shutdown_s)
 
 
 def _threads():
@@ -149,12 +150,10 @@ def test_stall_shutdown_calls_abort_after_its_time(reports):
 
 
 @pytest.mark.timeout(30)
-def test_disabled_and_stop_leave_no_thread(reports, monkeypatch):
+def test_disabled_and_stop_leave_no_thread(reports):
     start, _ = reports
-    monkeypatch.setenv("MPITRAIN_STALL_WARNING", "0")
-    watchdog.start(world.comm())
+    watchdog.start(world.comm(), warning_s=0)                    # MPITRAIN_STALL_WARNING=0
     assert _threads() == [] and not watchdog.running()
-    monkeypatch.delenv("MPITRAIN_STALL_WARNING")
     start()
     assert watchdog.running() == (N > 1)
     watchdog.stop()
@@ -162,13 +161,15 @@ def test_disabled_and_stop_leave_no_thread(reports, monkeypatch):
 
 
 def test_settings_from_environment():
-    assert watchdog.settings({}) == (60.0, 0.0)
-    assert watchdog.settings({"MPITRAIN_STALL_WARNING": "2.5",
-                              "MPITRAIN_STALL_SHUTDOWN": "30"}) == (2.5, 30.0)
+    def stall(env):
+        s = mt.CommSettings.from_env(env)
+        return s.stall_warning_s, s.stall_shutdown_s
+    assert stall({}) == (60.0, 0.0)
+    assert stall({"MPITRAIN_STALL_WARNING": "2.5", "MPITRAIN_STALL_SHUTDOWN": "30"}) == (2.5, 30.0)
     with pytest.raises(ValueError, match="MPITRAIN_STALL_WARNING='soon'"):
-        watchdog.settings({"MPITRAIN_STALL_WARNING": "soon"})
+        stall({"MPITRAIN_STALL_WARNING": "soon"})
     with pytest.raises(ValueError, match="MPITRAIN_STALL_SHUTDOWN='-1'"):
-        watchdog.settings({"MPITRAIN_STALL_SHUTDOWN": "-1"})
+        stall({"MPITRAIN_STALL_SHUTDOWN": "-1"})
 
 
 def test_report_line_names_each_missing_rank():

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from mpitrain.comm.fusion import FusionBuffer, threshold_from_env
+from mpitrain.comm.fusion import FusionBuffer, check_threshold
+from mpitrain.comm.settings import CommSettings
 
 
 def test_plan_groups_by_dtype_in_input_order_and_splits():
@@ -35,14 +36,15 @@ def test_pack_reduce_unpack_round_trip_with_views():
     assert sorted(calls) == [5, 15]                      # one f64 bucket (5 + 0), one f32 (12 + 3)
 
 
-def test_threshold_env(monkeypatch):
-    monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", "123")
-    assert threshold_from_env() == 123 and FusionBuffer().threshold_bytes == 123
-    monkeypatch.setenv("MPITRAIN_FUSION_THRESHOLD", "lots")
+def test_threshold_setting():
+    env = {"MPITRAIN_FUSION_THRESHOLD": "123"}
+    assert CommSettings.from_env(env).fusion_threshold(64) == 123
+    assert CommSettings.from_env({}).fusion_threshold(64) == 64          # the caller's default
     with pytest.raises(ValueError, match="MPITRAIN_FUSION_THRESHOLD='lots'"):
-        threshold_from_env()
-    monkeypatch.delenv("MPITRAIN_FUSION_THRESHOLD")
-    assert threshold_from_env() == 64 * 1024 * 1024
+        CommSettings.from_env({"MPITRAIN_FUSION_THRESHOLD": "lots"})
+    assert FusionBuffer().threshold_bytes == 64 * 1024 * 1024
+    with pytest.raises(ValueError, match="fusion_threshold_bytes -1"):
+        check_threshold(-1)
 
 
 def test_large_arrays_travel_alone_in_place(monkeypatch):

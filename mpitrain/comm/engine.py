@@ -1,0 +1,70 @@
+"""The allreduce engine: one contiguous 1-D host array, reduced in place, scaled.
+
+Every host allreduce ends here: single calls and fusion buckets (host.py), and the overlapped
+gradient buckets on the comm thread (overlap.py). The path -- MPI_Allreduce or our ring
+(ring.py) -- follows the rule written once in docs/architecture.md ("Allreduce path"), from the
+World's settings (world.py), the same on every rank. Average is a sum, then a scale by
+postscale/N; on the ring each rank scales the chunk it completes, before the allgather (1/N of a
+pass instead of a whole one, same bits). The ring's scratch buffers belong to the World.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from mpitrain.comm import world
+from mpitrain.comm.ops import MPI_OPS, UFUNCS, Average, reduce_kind
+from mpitrain.comm.ring import ring_allreduce
+from mpitrain.kernels import cpu
+
+REDUCERS = {k: (lambda d, s, _k=k: cpu.reduce_into(d, s, _k)) for k in MPI_OPS}
+
+
+def allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
+    """Allreduce a contiguous 1-D host array in place: prescale, reduce, then scale."""
+    state = world.current()
+    settings, comm = state.settings, state.ring
+    if prescale != 1.0:
+        scale(flat, prescale)
+    algo = settings.algorithm
+    use_ring = (flat.dtype == np.float16 or algo == "ring"
+                or (algo == "auto" and flat.nbytes >= settings.ring_threshold_bytes))
+    factor = postscale / comm.Get_size() if op is Average else postscale
+    if comm.Get_size() > 1 and flat.size:
+        kind = reduce_kind(op)
+        if use_ring:
+            # each rank scales the chunk it completes, before the allgather: same bits
+            finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
+            sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
+            ring_allreduce(comm, flat, REDUCERS[kind], _scratch(state, flat.dtype, sub), sub,
+                           finish)
+            return flat
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
+    if factor != 1.0:
+        scale(flat, factor)
+    return flat
+
+
+def _scratch(state, dtype, sub):
+    buf = state.scratch.get(dtype)
+    if buf is None:
+        buf = state.scratch[dtype] = np.empty(2 * sub, dtype)
+    return buf
+
+
+def scale(flat, factor):
+    """flat *= factor in place (integers: in float64, truncated toward zero)."""
+    if flat.dtype == np.float16 and flat.flags.c_contiguous:
+        cpu.scale(flat, factor)            # NumPy's bits, ~10x faster than NumPy's float16
+    else:
+        np.multiply(flat, factor, out=flat, casting="unsafe")
+
+
+def reduce_rows(flat, rows, kind):
+    """flat = rows[0] op rows[1] op ... in rank order: the same bits on every rank.
+
+    At most 4 KiB per row (check.INLINE_BYTES): NumPy's ufuncs (same wrapping and rounding as
+    the Numba kernels) cost less per call here than a Numba dispatch plus a copy.
+    """
+    dtype, ufunc = flat.dtype, UFUNCS[kind]
+    ufunc(rows[0].view(dtype), rows[1].view(dtype), out=flat)
+    for r in range(2, rows.shape[0]):
+        ufunc(flat, rows[r].view(dtype), out=flat)

@@ -1,0 +1,388 @@
+"""The collectives on host (NumPy) arrays: validate, agree across ranks, move the data.
+
+Every collective does the same three things: validate its arguments locally (ops.py), agree
+with the other ranks on them (check.py: one fixed-size MPI_Allgather of a fingerprint; a mismatch
+raises CollectiveError on every rank), then move data. Allreduce runs the engine (engine.py: MPI
+or our ring); small ones ride inside the agreement itself and are reduced locally, and a
+repeated one reuses the plan its first call left (_Plan). The other collectives call MPI's
+variable-count collectives on raw bytes, which is also why every dtype works with them.
+
+The Average of integer arrays is a float64 array (NumPy's ``mean``: [1, 2] -> 1.5), never a
+truncated integer; in place, where the result would have to be stored as integers, it is a
+ValueError on every rank. Explicit factors on integer arrays scale in float64 and truncate toward
+zero (NumPy unsafe casting), as Horovod's do. Device arrays never come here: collectives.py
+sends them to device.py.
+"""
+import math
+import pickle
+
+import numpy as np
+from mpi4py import MPI
+
+from mpitrain.comm import check, world
+from mpitrain.comm.engine import allreduce_flat, reduce_rows, scale
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, FusionBuffer, check_threshold
+from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
+                               integer_average, integer_average_error, reduce_args, reduce_kind)
+
+
+# --- allreduce ------------------------------------------------------------------------------------
+
+def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``x`` across ranks; returns a new array (same shape and dtype) on every rank."""
+    if x.__class__ is np.ndarray and x.flags.c_contiguous:
+        plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+        if plan is not None:
+            return plan.run(x, None)
+    a, err = as_array(x, "allreduce")
+    if a is not None and integer_average(a.dtype, op):
+        a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
+    out = None if a is None else np.array(a, order="C", copy=True)
+    return _allreduce_checked("allreduce", a, out, err, op, name, prescale_factor,
+                              postscale_factor)
+
+
+def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place allreduce; returns ``x``."""
+    if x.__class__ is np.ndarray:
+        flags = x.flags
+        if flags.c_contiguous and flags.writeable:
+            plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+            if plan is not None:
+                return plan.run(x, x)
+    a, err = as_array(x, "allreduce_", in_place=True)
+    if a is not None and integer_average(a.dtype, op):
+        err = err or integer_average_error("allreduce_", a.dtype)
+    return _allreduce_checked("allreduce_", a, a, err, op, name, prescale_factor,
+                              postscale_factor)
+
+
+def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
+    op_arg, pre_arg, post_arg = op, prescale, postscale
+    op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
+    state = world.current()
+    algo = state.settings.algorithm
+    fields.update(name=name, shape=None if a is None else a.shape,
+                  dtype=None if a is None else a.dtype.str, path=algo)
+    error = err or err2
+    src = None if error else (out if out.flags.c_contiguous else np.ascontiguousarray(out))
+    flat = None if error else src.reshape(-1)                           # (size,)
+    # Small enough to ride in the check's own message: one MPI call in all (see check.py).
+    inline = (not error and algo == "auto" and pre == 1.0
+              and flat.nbytes <= check.INLINE_BYTES)
+    key = None if error else ("allreduce", op.value, a.shape, a.dtype.char, name, pre, post,
+                              algo)
+    agreement = state.agreement
+    rows = agreement("allreduce", fields, error, flat.view(np.uint8) if inline else None, key)
+    if rows is not None:
+        reduce_rows(flat, rows, reduce_kind(op))
+        factor = post / rows.shape[0] if op is Average else post
+        if factor != 1.0:
+            scale(flat, factor)
+    else:
+        allreduce_flat(flat, op, pre, post)
+    if src is not out:
+        out[...] = src
+    if agreement.usable and len(state.plans) < _MAX_PLANS:
+        plan_key = _plan_key(a, op_arg, name, pre_arg, post_arg)
+        try:
+            hash(plan_key)
+        except TypeError:                               # e.g. an unhashable name: no plan
+            plan_key = None
+        if plan_key is not None:
+            state.plans[plan_key] = _Plan(agreement, fields, key, a, op, pre, post, inline)
+    return out
+
+
+# --- steady state: repeated allreduce calls ------------------------------------------------------
+
+_MAX_PLANS = 1024          # per World (world.py): World.plans maps _plan_key(...) -> _Plan
+
+
+def _plan_key(x, op, name, prescale, postscale):
+    """What must be equal for a call to repeat an earlier one (the arguments as given).
+
+    The factors' types are part of it, so that e.g. True never passes for an accepted 1.0. The
+    settings are not: plans belong to the World, whose settings never change.
+    """
+    return (x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
+            postscale.__class__)
+
+
+def _plan_for(x, op, name, prescale, postscale):
+    try:
+        return world.current().plans.get(_plan_key(x, op, name, prescale, postscale))
+    except TypeError:                                   # e.g. an unhashable name: no plan
+        return None
+
+
+class _Plan:
+    """An allreduce whose arguments were validated by an earlier identical call.
+
+    The first call with given (shape, dtype, op, name, factors, path) takes the general path
+    above and leaves one of these behind; later identical calls skip argument handling and
+    description building: the agreement is prepared (check.Prepared: same fingerprint, same
+    message), and a small array is copied straight into the agreement's message and reduced
+    from the received rows in rank order. This is what brings the 4 KiB allreduce near MPI's
+    own latency (docs/benchmarks.md). Results are the same bits as the general path's.
+    """
+    __slots__ = ("agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor", "scale")
+
+    def __init__(self, agreement, fields, key, a, op, pre, post, inline):
+        self.agreement = check.Prepared(agreement, "allreduce", dict(fields), key,
+                                        (a.dtype, a.shape) if inline else None)
+        self.send = self.agreement.send                                 # a.shape, or None
+        received = self.agreement.received                              # (size,) + shape
+        # received[r, ...]: a view even for 0-d rows (iterating would copy them as scalars)
+        self.rows = None if received is None else tuple(received[r, ...]
+                                                        for r in range(len(received)))
+        self.op, self.pre, self.post = op, pre, post
+        self.ufunc = UFUNCS[reduce_kind(op)]
+        factor = post / agreement.size if op is Average else post
+        self.scale = factor != 1.0
+        # A float array times a Python float computes in the array's dtype (NEP 50), exactly as
+        # times that dtype's scalar, which NumPy takes faster; integers scale in float64 (scale).
+        self.factor = a.dtype.type(factor) if a.dtype.kind == "f" else factor
+
+    def run(self, x, out):
+        """x: C-contiguous input; out: x itself (in place) or None (a new array)."""
+        send = self.send
+        if send is None:
+            out = x.copy() if out is None else out
+            self.agreement()
+            allreduce_flat(out.reshape(-1), self.op, self.pre, self.post)
+            return out
+        send[...] = x
+        self.agreement()
+        rows, ufunc = self.rows, self.ufunc                             # rows: views of (size,)
+        out = np.empty(x.shape, x.dtype) if out is None else out
+        ufunc(rows[0], rows[1], out=out)
+        for row in rows[2:]:
+            ufunc(out, row, out=out)
+        if self.scale:
+            if out.dtype.kind == "f":
+                np.multiply(out, self.factor, out=out)
+            else:
+                scale(out, self.factor)
+        return out
+
+
+def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      fusion_threshold_bytes=None):
+    """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays.
+
+    fusion_threshold_bytes: bucket size limit (0 = one allreduce per array); None takes the
+    settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
+    """
+    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
+
+
+def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                       fusion_threshold_bytes=None):
+    """In-place grouped allreduce (e.g. gradients); returns the same list."""
+    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
+                    fusion_threshold_bytes)
+
+
+def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
+    xs = list(xs)
+    state = world.current()
+    arrays, errors = zip(*[as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
+    arrays, errors = list(arrays), list(errors)
+    for i, a in enumerate(arrays):
+        if a is not None and integer_average(a.dtype, op):
+            if in_place:
+                errors[i] = errors[i] or integer_average_error(kind, a.dtype)
+            else:
+                arrays[i] = a.astype(np.float64)        # as allreduce: a float64 mean
+    op, pre, post, fields, err = reduce_args(kind, op, prescale, postscale)
+    try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
+        threshold, threshold_err = fusion_threshold(state, threshold), None
+    except ValueError as exc:
+        threshold, threshold_err = None, str(exc)
+    fields.update(name=name, threshold_bytes=threshold,
+                  arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
+    state.agreement("grouped_allreduce", fields, first_error(err, threshold_err, *errors))
+    if state.fusion is None or state.fusion.threshold_bytes != threshold:
+        state.fusion = FusionBuffer(threshold)             # persistent: rebuilt on a new size
+    fusion = state.fusion
+    outs = list(arrays) if in_place else [np.empty(a.shape, a.dtype) for a in arrays]
+    fusion.allreduce(arrays, outs, lambda flat: allreduce_flat(flat, op, pre, post))
+    return outs
+
+
+def fusion_threshold(state, value=None, default=DEFAULT_THRESHOLD_BYTES):
+    """A bucket size limit: ``value`` checked, else the World's setting, else ``default``."""
+    return state.settings.fusion_threshold(default) if value is None else check_threshold(value)
+
+
+# --- the other collectives (MPI on raw bytes) ----------------------------------------------------
+
+def _bytes(a):
+    """Contiguous 1-D uint8 view (or copy, if ``a`` is not contiguous) of an array."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def allgather(x, name=None):
+    """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
+    state = world.current()
+    comm = state.comm
+    a, err = as_array(x, "allgather", min_ndim=1)
+    fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
+              "dtype": None if a is None else a.dtype.str}
+    state.agreement("allgather", fields, err)
+    rows = np.array([a.shape[0]], np.int64)
+    counts = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather(rows, counts)
+    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+    out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
+    nbytes = counts * row_bytes
+    displs = np.concatenate(([0], np.cumsum(nbytes)[:-1]))
+    comm.Allgatherv([_bytes(a), MPI.BYTE], [out.reshape(-1).view(np.uint8), (nbytes, displs),
+                                            MPI.BYTE])
+    return out
+
+
+def broadcast(x, root_rank, name=None):
+    """Return a new array holding root_rank's ``x`` on every rank."""
+    a, err = as_array(x, "broadcast")
+    out = None if a is None else np.array(a, order="C", copy=True)
+    return _broadcast_checked("broadcast", out, out, root_rank, name, err)
+
+
+def broadcast_(x, root_rank, name=None):
+    """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
+    a, err = as_array(x, "broadcast_", in_place=True)
+    return _broadcast_checked("broadcast_", a, a, root_rank, name, err)
+
+
+def _broadcast_checked(kind, a, out, root_rank, name, err):
+    state = world.current()
+    comm = state.comm
+    root, err2 = as_root(root_rank, kind, comm.Get_size())
+    fields = {"name": name, "root_rank": root, "shape": None if a is None else a.shape,
+              "dtype": None if a is None else a.dtype.str}
+    state.agreement("broadcast", fields, err or err2)
+    if out.flags.c_contiguous:
+        comm.Bcast([out.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    else:
+        tmp = np.ascontiguousarray(out)
+        comm.Bcast([tmp.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+        out[...] = tmp
+    return out
+
+
+def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``x`` across ranks and give rank r block r of axis 0 (first len % N get +1 row)."""
+    state = world.current()
+    comm = state.comm
+    a, err = as_array(x, "reducescatter", min_ndim=1)
+    if a is not None and integer_average(a.dtype, op):
+        a = a.astype(np.float64)                        # as allreduce: a float64 mean
+    op, pre, post, fields, err2 = reduce_args("reducescatter", op, prescale_factor,
+                                               postscale_factor)
+    fields.update(name=name, shape=None if a is None else a.shape,
+                  dtype=None if a is None else a.dtype.str)
+    state.agreement("reducescatter", fields, err or err2)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    base, extra = divmod(a.shape[0], size)
+    rows = [base + (r < extra) for r in range(size)]
+    start = sum(rows[:rank])
+    row_elems = math.prod(a.shape[1:])
+    if a.dtype == np.float16 or size == 1:
+        full = np.array(a, order="C", copy=True)
+        allreduce_flat(full.reshape(-1), op, pre, post)
+        return full[start:start + rows[rank]].copy()
+    send = np.array(a, order="C", copy=True)
+    if pre != 1.0:
+        scale(send.reshape(-1), pre)
+    out = np.empty((rows[rank],) + a.shape[1:], a.dtype)
+    counts = [r * row_elems for r in rows]
+    comm.Reduce_scatter(send.reshape(-1), out.reshape(-1), counts, op=MPI_OPS[reduce_kind(op)])
+    factor = post / size if op is Average else post
+    if factor != 1.0:
+        scale(out.reshape(-1), factor)
+    return out
+
+
+def alltoall(x, splits=None, name=None):
+    """Send rows splits[j] of ``x`` (in order) to rank j; returns out, or (out, received_splits).
+
+    Without ``splits`` the first dimension must divide evenly by the number of ranks.
+    """
+    state = world.current()
+    comm = state.comm
+    size = comm.Get_size()
+    a, err = as_array(x, "alltoall", min_ndim=1)
+    send_splits, err2 = (None, None) if a is None else _as_splits(splits, a.shape[0], size)
+    fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
+              "dtype": None if a is None else a.dtype.str, "splits given": splits is not None}
+    state.agreement("alltoall", fields, err or err2)
+    recv_splits = np.empty(size, np.int64)
+    comm.Alltoall(send_splits, recv_splits)
+    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+    out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
+    sb, rb = send_splits * row_bytes, recv_splits * row_bytes
+    sd = np.concatenate(([0], np.cumsum(sb)[:-1]))
+    rd = np.concatenate(([0], np.cumsum(rb)[:-1]))
+    comm.Alltoallv([_bytes(a), (sb, sd), MPI.BYTE],
+                   [out.reshape(-1).view(np.uint8), (rb, rd), MPI.BYTE])
+    return out if splits is None else (out, recv_splits)
+
+
+def _as_splits(splits, rows, size):
+    if splits is None:
+        if rows % size:
+            return None, f"alltoall: first dimension {rows} does not divide by {size} ranks; " \
+                         f"pass splits"
+        return np.full(size, rows // size, np.int64), None
+    try:
+        s = np.asarray(splits).astype(np.int64, casting="same_kind").reshape(-1)
+    except (TypeError, ValueError):
+        return None, f"alltoall: splits={splits!r} must be {size} integers"
+    if s.size != size or (s < 0).any() or s.sum() != rows:
+        return None, (f"alltoall: splits={s.tolist()} must be {size} non-negative integers "
+                      f"summing to the first dimension {rows}")
+    return s, None
+
+
+def barrier():
+    state = world.current()
+    state.agreement("barrier", {})
+    state.comm.Barrier()
+
+
+def broadcast_object(obj, root_rank=0):
+    """Pickle ``obj`` on root_rank and return it on every rank.
+
+    Pickling happens before any message, and a failure travels to every rank as the same
+    ValueError (mpi4py's bcast would raise on the root alone and leave the others waiting).
+    """
+    state = world.current()
+    comm = state.comm
+    root, err = as_root(root_rank, "broadcast_object", comm.Get_size())
+    state.agreement("broadcast_object", {"root_rank": root}, err)
+    msg = _pickled(obj, "broadcast_object") if comm.Get_rank() == root else None
+    payload, error = comm.bcast(msg, root=root)
+    if error is not None:
+        raise ValueError(f"{error} (on root rank {root})")
+    return pickle.loads(payload)
+
+
+def allgather_object(obj):
+    """List of every rank's (picklable) ``obj``, in rank order; a pickling error raises on all."""
+    state = world.current()
+    state.agreement("allgather_object", {})
+    gathered = state.comm.allgather(_pickled(obj, "allgather_object"))
+    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return [pickle.loads(payload) for payload, _ in gathered]
+
+
+def _pickled(obj, kind):
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is reported on every rank
+        return None, f"{kind}: cannot pickle {type(obj).__name__}: {exc}"
