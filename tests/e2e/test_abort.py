@@ -41,7 +41,7 @@ def test_uncaught_exception_on_one_rank_aborts_the_job(tmp_path):
     script.write_text(textwrap.dedent("""
         import numpy as np
         import mpitrain as mt
-        from mpitrain.comm.world import install_abort_hook
+        from mpitrain.comm.abort import install_abort_hook
         install_abort_hook()
         mt.init()
         if mt.rank() == 1:
