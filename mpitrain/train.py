@@ -498,5 +498,4 @@ def run(config):
     return summary
 
 
-_Trainer = Trainer  # the name tests/e2e/test_cli.py patches to inject a crash
 __all__ = ["run", "Trainer", "TIMING_WARMUP_STEPS"]

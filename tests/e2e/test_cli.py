@@ -128,7 +128,7 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
         "if mt.rank() == 1:\n"
         "    def boom(self, idx):\n"
         "        raise ZeroDivisionError('injected on rank 1')\n"
-        "    train._Trainer.train_step = boom\n"
+        "    train.Trainer.train_step = boom\n"
         f"sys.exit(run_cli({TINY + ['--steps', '50']!r}))\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
     clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")

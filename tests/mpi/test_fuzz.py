@@ -29,6 +29,8 @@ import pytest
 from mpi4py import MPI
 
 import mpitrain as mt
+from mpitrain.comm import world
+from tests.support.comm import comm_settings
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
@@ -39,19 +41,20 @@ R = COMM.Get_rank()
 def forced_path(path, subchunk_bytes=None, ring_threshold_bytes=None):
     """Run the body with the allreduce path forced: "auto" | "ring" | "mpi".
 
-    The only place in this file that knows how mpitrain is configured: today three module
-    globals of collectives.py, patched and restored (the ring's scratch buffers are sized from
-    SUBCHUNK_BYTES, so a fresh scratch cache is swapped in too). A redesign that moves these
-    settings only has to change this function.
+    The only place in this file that knows how mpitrain is configured: the comm settings of a
+    World (mt.init(settings=...), through tests/support/comm.py); the default World is reused
+    when nothing differs from it.
     """
-    from mpitrain.comm import collectives
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(collectives, "ALGORITHM", path)
-        if subchunk_bytes is not None:
-            mp.setattr(collectives, "SUBCHUNK_BYTES", subchunk_bytes)
-            mp.setattr(collectives, "_scratch", {})
-        if ring_threshold_bytes is not None:
-            mp.setattr(collectives, "RING_THRESHOLD_BYTES", ring_threshold_bytes)
+    current = world.current().settings
+    wanted = {"algorithm": path}
+    if subchunk_bytes is not None:
+        wanted["ring_subchunk_bytes"] = subchunk_bytes
+    if ring_threshold_bytes is not None:
+        wanted["ring_threshold_bytes"] = ring_threshold_bytes
+    if all(getattr(current, k) == v for k, v in wanted.items()):
+        yield
+        return
+    with comm_settings(**wanted):
         yield
 
 
