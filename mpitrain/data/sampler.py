@@ -54,13 +54,7 @@ class DistributedSampler:
 
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=True, batch_size=1):
-        n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
-        if num_replicas is None or rank is None:
-            from mpitrain.comm import world          # the only MPI here: who we are
-            num_replicas = world.size() if num_replicas is None else num_replicas
-            rank = world.rank() if rank is None else rank
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
+        n, num_replicas, rank = _length_and_place(dataset, num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} must be >= 1")
         if n < 0:
@@ -144,11 +138,17 @@ def shard(dataset, num_replicas=None, rank=None):
     differ in size by at most one, and sums over them (correct answers, losses, counts) add up
     to the whole dataset's. For training use DistributedSampler (equal steps on every rank).
     """
+    n, num_replicas, rank = _length_and_place(dataset, num_replicas, rank)
+    return np.arange(rank, int(n), num_replicas, dtype=np.int64)
+
+
+def _length_and_place(dataset, num_replicas, rank):
+    """(dataset length, replicas, this rank), the last two defaulting to mpitrain's world."""
     n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
     if num_replicas is None or rank is None:
-        from mpitrain.comm import world
+        from mpitrain.comm import world          # the only MPI here: who we are
         num_replicas = world.size() if num_replicas is None else num_replicas
         rank = world.rank() if rank is None else rank
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
-    return np.arange(rank, int(n), num_replicas, dtype=np.int64)
+    return n, num_replicas, rank
