@@ -127,7 +127,9 @@ def test_rank_inside_another_collective_is_named(reports):
     if R != 1:
         assert found
         stall = found[0][1]
-        assert stall.missing == [1]
+        # under load another waiting rank's watchdog can miss the answer window: "no answer"
+        assert 1 in stall.missing and all(stall.details[r] == "no answer"
+                                          for r in stall.missing if r != 1), stall.details
         assert stall.details[1].startswith(f"in broadcast 'weights' #{seq} for "), stall.details
     else:
         assert found and found[0][1].kind == "broadcast"
@@ -147,7 +149,8 @@ def test_rank_without_watchdog_is_no_answer(reports):
     mt.barrier()
     if R != 1:
         assert found
-        assert all(s.missing == [1] and s.details == {1: "no answer"} for _, s in found)
+        assert all(1 in s.missing and set(s.details.values()) == {"no answer"}
+                   for _, s in found)
 
 
 @multi_rank
