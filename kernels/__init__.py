@@ -8,7 +8,8 @@ array type: they ask ``get(device, flavour)`` for a backend module and call its 
     ("cuda", "numba")  -> mpitrain.kernels.cuda_numba   device arrays, numba.cuda kernels for all
                                                        (runs under NUMBA_ENABLE_CUDASIM=1 too)
 
-The contract every backend module implements (arrays are the backend's own array type, C-contiguous,
+The contract every backend module implements (the names and parameters as code: contract.py,
+which the tests check against all three backends; arrays are the backend's own array type, C-contiguous,
 float32 or float64 unless stated; "in place" kernels return None; outputs are preallocated by the
 caller so steady-state training allocates nothing):
 

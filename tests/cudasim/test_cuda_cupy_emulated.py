@@ -16,6 +16,7 @@ import pytest
 import fake_cupy
 import test_cuda_numba_training as training
 from kernel_cases import CASES, KERNEL_NAMES, run_case
+from mpitrain.kernels import contract
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
@@ -48,6 +49,7 @@ def test_every_contract_name(emulated):
     missing = [n for n in KERNEL_NAMES + ["empty", "zeros", "to_device", "to_host",
                                           "synchronize"] if not hasattr(emulated, n)]
     assert not missing and emulated.name == "cuda-cupy"
+    assert contract.violations(emulated) == []               # names and parameters
 
 
 def test_bad_input_names_the_value(emulated):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernel_cases import CASES, KERNEL_NAMES, run_case
+from mpitrain.kernels import contract
 
 CONTRACT = ["empty", "zeros", "to_device", "to_host", "synchronize"] + KERNEL_NAMES
 
@@ -21,6 +22,7 @@ def test_kernel_matches_cpu(cpu, dev, name, build, tol):
 def test_backend_has_every_contract_name(dev, cpu):
     missing = [n for n in CONTRACT if not hasattr(dev, n)]
     assert not missing, f"cuda_numba lacks {missing}"
+    assert contract.violations(dev) == []                    # names and parameters
     cpu_only = [n for n in dir(cpu) if not n.startswith("_") and callable(getattr(cpu, n))
                 and n not in ("njit", "prange") and not hasattr(dev, n)]
     assert not cpu_only, f"kernels/cpu.py has kernels cuda_numba lacks: {cpu_only}"

@@ -1,0 +1,60 @@
+"""The kernel contract as code: every name a backend module must define, with its parameters.
+
+kernels/__init__.py's docstring says what each kernel does; this table is what a test checks
+against all three backends (tests/unit/test_kernel_contract.py for the CPU, tests/cudasim for the
+Numba CUDA and the CuPy backends), so the list and the modules cannot drift apart.
+"""
+KERNELS = {
+    # memory
+    "empty": ("shape", "dtype"),
+    "zeros": ("shape", "dtype"),
+    "to_device": ("host",),
+    "to_host": ("a",),
+    "synchronize": (),
+    "fill": ("a", "value"),
+    "copy": ("dst", "src"),
+    "scale": ("a", "factor"),
+    "add": ("dst", "src"),
+    "cast": ("dst", "src"),
+    "total": ("a",),
+    # GEMM and dense layers
+    "gemm": ("a", "b", "out", "trans_a", "trans_b", "accumulate"),
+    "bias_act": ("y", "bias", "relu"),
+    "relu": ("x", "out"),
+    "relu_backward": ("y", "grad_out", "grad_in"),
+    "bias_grad": ("grad_out", "grad_bias"),
+    # loss
+    "softmax_xent": ("logits", "labels", "grad", "losses"),
+    "count_correct": ("logits", "labels"),
+    # convolution
+    "im2col": ("x", "cols", "kh", "kw", "stride", "pad"),
+    "col2im": ("cols", "dx", "kh", "kw", "stride", "pad"),
+    "nhwc_to_nchw": ("src", "dst"),
+    "nchw_to_nhwc": ("src", "dst"),
+    # pooling and dropout
+    "maxpool_forward": ("x", "y", "argmax", "k", "stride"),
+    "maxpool_backward": ("grad_y", "argmax", "grad_x"),
+    "dropout_forward": ("x", "y", "mask", "p", "seed"),
+    "dropout_backward": ("grad_y", "mask", "grad_x"),
+    # optimizer updates
+    "sgd_update": ("param", "grad", "buf", "lr", "momentum", "nesterov", "weight_decay"),
+    "adam_update": ("param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay",
+                    "step"),
+    # collective reductions
+    "reduce_into": ("dst", "src", "op"),
+}
+
+
+def violations(module):
+    """What ``module`` lacks or spells differently: [] when it meets the contract."""
+    import inspect
+    problems = [] if isinstance(getattr(module, "name", None), str) else ["name: not a str"]
+    for kernel, params in KERNELS.items():
+        fn = getattr(module, kernel, None)
+        if not callable(fn):
+            problems.append(f"{kernel}: missing")
+            continue
+        got = tuple(inspect.signature(getattr(fn, "py_func", fn)).parameters)
+        if got != params:
+            problems.append(f"{kernel}{got}: expected {kernel}{params}")
+    return problems
