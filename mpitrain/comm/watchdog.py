@@ -135,6 +135,7 @@ def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=AN
           abort=None):
     """Start this rank's watchdog on ``comm`` (collective: every rank of comm calls it).
 
+    Collective numbers start again at #1 (each rank of ``comm`` calls this once, at init).
     warning_s / shutdown_s: MPITRAIN_STALL_WARNING / _SHUTDOWN (CommSettings, settings.py;
     0 = off / never). report(stall): called on
     the watchdog thread with every Stall found (default: the lowest present rank prints
@@ -142,8 +143,12 @@ def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=AN
     MPI.COMM_WORLD.Abort(1)). The communicator is duplicated whenever it has more than one rank,
     even with the watchdog off, so ranks whose settings differ still make the same MPI calls.
     """
-    global _watchdog
+    global _watchdog, _seq
     stop()
+    # Numbers count this communicator's agreements from here, on every rank of it alike: an
+    # earlier communicator (a Split half of another size, say) may have left the ranks with
+    # different counts, and "#k" must name the same collective everywhere.
+    _seq = 0
     if comm.Get_size() == 1:
         return
     dup = comm.Dup()

@@ -88,3 +88,19 @@ def test_a_mismatch_is_a_collective_error_on_the_sub_communicator(comm):
         mt.allreduce(np.zeros(comm.Get_rank() + 1))
     np.testing.assert_array_equal(mt.allreduce(np.ones(2), op=mt.Sum),
                                   np.full(2, comm.Get_size()))
+
+
+def test_collective_numbers_agree_again_after_a_split_half():
+    """A half of one rank makes no agreements, a half of two does: back on COMM_WORLD the stall
+    watchdog's numbers ("collective #k") must name the same collective on every rank again."""
+    settings = world.current().settings
+    half = WORLD.Split(int(R >= N // 2), R)
+    mt.shutdown()
+    mt.init(half, threads=None, settings=settings)
+    for _ in range(3 + int(R >= N // 2)):       # the halves: different counts
+        mt.allreduce(np.ones(2), name="half")
+    mt.shutdown()
+    half.Free()
+    mt.init(WORLD, threads=None, settings=settings)
+    from mpitrain.comm import watchdog
+    assert len(set(mt.allgather_object(watchdog.sequence()))) == 1

@@ -45,6 +45,11 @@ def reports():
     watchdog.start(world.comm(), settings.stall_warning_s, settings.stall_shutdown_s)
 
 
+def _idle(last):
+    """A rank's answer when it is between collectives, ``last`` the number of its last one."""
+    return f"not in a collective, last #{last}" if last else "not in a collective yet"
+
+
 def _threads():
     return [t for t in threading.enumerate() if t.name == "mpitrain-watchdog"]
 
@@ -97,13 +102,13 @@ def test_late_rank_is_reported_missing(reports, tmp_path_factory):
     assert any(stall.present == present for _, stall in found), [s.line for _, s in found]
     for _, stall in found:
         assert (stall.seq, stall.kind, stall.name) == (seq, "allreduce", "grad.fc1")
-        assert 1 in stall.missing and stall.details[1] == f"not in a collective, last #{seq - 1}"
+        assert 1 in stall.missing and stall.details[1] == _idle(seq - 1)
         assert all(stall.details[r] == "no answer" for r in stall.missing if r != 1), stall.line
         assert stall.waited_s >= WARNING_S
         assert stall.line.startswith("mpitrain: stalled for ")
     line = next(s.line for _, s in found if s.present == present)
     assert f"in allreduce 'grad.fc1' (collective #{seq}) on ranks {present}; " \
-           f"missing ranks [1] (rank 1: not in a collective, last #{seq - 1})" in line
+           f"missing ranks [1] (rank 1: {_idle(seq - 1)})" in line
     # repeated while the stall lasts, at most once per warning period
     times = [t for t, _ in found]
     assert all(b - a >= WARNING_S * 0.9 for a, b in zip(times, times[1:])), times
