@@ -4,11 +4,11 @@ The simulator runs kernels as Python, so it never type-checks them the way the C
 (shared-array shapes must be compile-time constants, some builtins need a device, ...). NVVM
 itself needs no GPU, only libnvvm + libdevice (a CUDA toolkit, or the pip wheel
 nvidia-cuda-nvcc-cu12; point CUDA_HOME at it). This script drives every kernel case of
-kernel_cases.py through the real module with NumPy stand-ins for device arrays; each launch,
+tests/support/kernel_cases.py through the real module with NumPy stand-ins for device arrays; each launch,
 instead of running, compiles the kernel for the launch's argument types with
 ``numba.cuda.compile_ptx`` (sm_80). Run with NUMBA_ENABLE_CUDASIM unset:
 
-    CUDA_HOME=.../nvidia/cuda_nvcc python tests/cudasim/ptx_check.py
+    CUDA_HOME=.../nvidia/cuda_nvcc python -m tests.cudasim.ptx_check    (from the repository root)
 
 Exit 0 and "N kernel specialisations compiled to PTX, 0 cases failed" when all compile. It
 patches numba.cuda internals (launch, current device) for that purpose only: a check, not a run.
@@ -27,7 +27,6 @@ from numba import cuda
 from numba.cuda import dispatcher
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 CC = (8, 0)
 
 
@@ -86,7 +85,7 @@ def main():
               "nvidia-cuda-nvcc-cu12 wheel's nvidia/cuda_nvcc folder)")
         return 2
     mod = load_module()
-    from kernel_cases import _cases
+    from tests.support.kernel_cases import _cases
     failed = 0
     for cid, name, build, _ in _cases():
         args = [np.array(a).view(HostDev) if isinstance(a, np.ndarray) else a

@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-import fake_cupy
-import test_cuda_numba_training as training
-from kernel_cases import CASES, KERNEL_NAMES, run_case
+from tests.support import fake_cupy
+from tests.support import training_cases as training
+from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 from mpitrain.kernels import contract
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent

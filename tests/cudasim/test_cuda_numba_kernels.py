@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from kernel_cases import CASES, KERNEL_NAMES, run_case
+from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 from mpitrain.kernels import contract
 
 CONTRACT = ["empty", "zeros", "to_device", "to_host", "synchronize"] + KERNEL_NAMES
@@ -81,9 +81,9 @@ def test_every_kernel_compiles_for_the_real_cuda_target():
             spec = None
         if spec is not None and spec.submodule_search_locations:
             env["CUDA_HOME"] = list(spec.submodule_search_locations)[0]
-    script = pathlib.Path(__file__).with_name("ptx_check.py")
-    res = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env,
-                         capture_output=True, text=True, timeout=280)
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.cudasim.ptx_check"],
+                         env=env, cwd=repo, capture_output=True, text=True, timeout=280)
     if res.returncode == 2 and "libnvvm not found" in res.stdout:
         pytest.skip("no libnvvm (CUDA toolkit or pip nvidia-cuda-nvcc-cu12) to compile PTX")
     assert res.returncode == 0 and " 0 cases failed" in res.stdout, res.stdout[-4000:] \

@@ -4,74 +4,11 @@ A tiny CNN built from every layer type (Conv2D, MaxPool2D, Flatten, Linear+ReLU,
 the zoo MLP, trained through mpitrain.nn + mpitrain.optim with unchanged layer code: only the
 kernels module differs. Shapes are tiny because the simulator runs each GPU thread in Python.
 """
-import numpy as np
 import pytest
 
-import mpitrain.nn as nn
-from mpitrain.optim import SGD, Adam
-
-
-def tiny_cnn(kernels):
-    rng = np.random.default_rng(7)
-    kw = dict(seed=rng, kernels=kernels)
-    return nn.Sequential(
-        nn.Conv2D(2, 3, 3, padding=1, relu=True, **kw),        # (B, 3, 6, 6)
-        nn.MaxPool2D(2, kernels=kernels),                      # (B, 3, 3, 3)
-        nn.Flatten(kernels=kernels),                           # (B, 27)
-        nn.Linear(27, 8, **kw),
-        nn.ReLU(kernels=kernels),
-        nn.Dropout(0.25, seed=3, kernels=kernels),
-        nn.Linear(8, 4, **kw),
-        input_shape=(2, 6, 6))
-
-
-def tiny_mlp(kernels):
-    return nn.models.mlp(in_features=12, hidden=(16, 8), classes=4, seed=5, kernels=kernels)
-
-
-def train(kernels, build, make_opt, x, y, steps=2):
-    """Run ``steps`` SGD/Adam steps; return host parameters, losses and correct counts."""
-    model = build(kernels)
-    loss_fn = nn.SoftmaxCrossEntropy(kernels=kernels)
-    opt = make_opt(model.parameters())
-    xd, yd = kernels.to_device(x), kernels.to_device(y)
-    losses, correct = [], []
-    model.train()
-    for _ in range(steps):
-        opt.zero_grad()
-        losses.append(loss_fn.forward(model.forward(xd), yd))
-        correct.append(loss_fn.correct)
-        model.backward(loss_fn.backward())
-        opt.step()
-    return model.state_dict(copy=True), losses, correct, opt.state_dict()
-
-
-CASES = {
-    "cnn-sgd": (tiny_cnn, (5, 2, 6, 6),
-                lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3)),
-    "mlp-adam": (tiny_mlp, (6, 12), lambda p: Adam(p, lr=1e-2)),
-}
+from tests.support.training_cases import CASES, check_two_steps
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_steps_match_cpu(cpu, dev, case):
     check_two_steps(cpu, dev, *CASES[case])
-
-
-def check_two_steps(cpu, dev, build, shape, make_opt):
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32)
-    y = rng.integers(0, 4, size=shape[0]).astype(np.int64)
-    want, want_losses, want_correct, want_opt = train(cpu, build, make_opt, x, y)
-    got, got_losses, got_correct, got_opt = train(dev, build, make_opt, x, y)
-    assert list(got) == list(want)
-    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
-    assert got_correct == want_correct
-    start = build(cpu).state_dict()
-    for name in want:
-        assert not np.array_equal(want[name], start[name]), f"{name} did not train"
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
-    for key in want_opt:
-        np.testing.assert_allclose(np.asarray(got_opt[key], dtype=np.float64),
-                                   np.asarray(want_opt[key], dtype=np.float64),
-                                   rtol=1e-4, atol=1e-6, err_msg=key)

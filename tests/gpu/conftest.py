@@ -11,9 +11,6 @@ import sys
 
 import pytest
 
-# the kernel cases are shared with tests/cudasim
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "cudasim"))
-
 FLAVOURS = ("cupy", "numba")
 
 

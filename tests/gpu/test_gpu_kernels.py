@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kernel_cases import CASES, KERNEL_NAMES, run_case
+from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 
 pytestmark = pytest.mark.gpu
 

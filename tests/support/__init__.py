@@ -1,2 +1,10 @@
 """Helpers shared by the test suites (import as ``from tests.support import ...``; pytest runs
-from the repository root, which ``python -m pytest`` puts on sys.path)."""
+from the repository root, which ``python -m pytest`` puts on sys.path). No test file imports
+another test file and none edits sys.path: what two suites share lives here.
+
+- comm.py            settings for re-initialising the comm layer (never patch module state)
+- oracles.py         mpi4py/NumPy oracles and rank inputs for the collective suites
+- kernel_cases.py    every kernel's cases: the device backends vs the CPU kernel (cudasim, gpu)
+- fake_cupy.py       a CPU stand-in for the CuPy slice that kernels/cuda_cupy.py uses
+- training_cases.py  two-step trainings: a device backend vs the CPU
+"""

@@ -11,8 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "perfmodel.py"
-sys.path.insert(0, str(REPO / "benchmarks"))         # perfmodel_lib, benchdeps
-import perfmodel_lib as pm  # noqa: E402
+import perfmodel_lib as pm                           # benchmarks/ is on pytest.ini's pythonpath
 
 ALPHA, BETA, GAMMA = 20e-6, 1 / 2e9, 1 / 8e9       # 20 us, 2 GB/s link, 8 GB/s reduce
 SIZES = [2 ** k for k in range(10, 25, 2)]

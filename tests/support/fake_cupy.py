@@ -16,10 +16,12 @@ The array functions (empty, matmul, copyto, add, ...) are NumPy's. What this pro
 index arithmetic, types and semantics match the CPU backend. What it cannot: anything about CuPy
 itself (broadcasting corner cases, cuBLAS, streams) or the GPU -- tests/gpu does that.
 """
+import atexit
 import ctypes
 import hashlib
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import types
@@ -30,6 +32,7 @@ _CTYPE = {"float32": "float", "float64": "double", "int32": "int", "uint32": "un
           "int64": "long long", "bool": "bool", "int8": "signed char", "uint8": "unsigned char",
           "int16": "short"}
 _CACHE_DIR = tempfile.mkdtemp(prefix="fake_cupy_")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 _libs = {}
 DEVICE_SOURCES = {}             # host source -> the same kernel as CUDA C, for nvcc_check()
 
