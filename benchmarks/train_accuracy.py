@@ -6,7 +6,8 @@
 No MPI: this checks the engine alone (kernels, layers, loss, optimizer) against the issue's accuracy
 targets, with the same recipe for every model: SGD lr 0.05, momentum 0.9, batch 64, a seeded
 shuffle per epoch, the last partial batch included. Exits 1 when the final test accuracy misses
-``--target`` (default: the issue's figure for the model), so a broken engine cannot pass silently.
+``--target`` (default: the issue's figure for the model), so a broken engine cannot pass silently;
+exits 2 with one line when the dataset or the backend is missing.
 """
 import argparse
 import json
@@ -49,9 +50,13 @@ def main(argv=None):
     import mpitrain as mt
     from mpitrain import kernels as registry
 
-    k = registry.get(args.device, args.kernels)
-    train = mt.data.load(args.dataset, split="train", data_dir=args.data_dir)
-    test = mt.data.load(args.dataset, split="test", data_dir=args.data_dir)
+    try:
+        k = registry.get(args.device, args.kernels)
+        train = mt.data.load(args.dataset, split="train", data_dir=args.data_dir)
+        test = mt.data.load(args.dataset, split="test", data_dir=args.data_dir)
+    except (ValueError, ImportError, RuntimeError) as e:     # DataError is a ValueError
+        print(f"train_accuracy: {e}", file=sys.stderr)
+        return 2
     x_train, y_train = train.images, train.labels
     if args.limit:
         x_train, y_train = x_train[:args.limit], y_train[:args.limit]
