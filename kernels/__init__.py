@@ -61,6 +61,46 @@ Pooling and dropout
                                           (host half: kernels/dropout_hash.py)
     dropout_backward(grad_y, mask, grad_x)
                                           grad_x = grad_y * mask
+Normalisation, pooling and shortcuts
+    x is (N, C) or (N, C, H, W) (BatchNorm1d / BatchNorm2d); "per channel" means over axis 1,
+    reducing over N and H*W. `stats` arrays are (2, C) float64 on every backend (so SyncBatchNorm
+    can sum them across ranks without cancellation); all arithmetic of the bn_* kernels is float64.
+    bn_stats(x, stats)                    stats[0, c] = sum of x[:, c], stats[1, c] = sum of
+                                          x[:, c]**2 (overwrites)
+    bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_var)
+                                          training: mean = stats[0]/count, var = max(stats[1]/count
+                                          - mean**2, 0) (biased), invstd = 1/sqrt(var + eps);
+                                          running_mean = (1-momentum)*running_mean + momentum*mean;
+                                          running_var = (1-momentum)*running_var
+                                          + momentum*var*count/(count-1) (unbiased; var itself when
+                                          count == 1). mean/invstd/running_* are (C,) in x's dtype
+    bn_eval_moments(running_mean, running_var, eps, mean, invstd)
+                                          mean = running_mean, invstd = 1/sqrt(running_var + eps)
+    bn_forward(x, mean, invstd, weight, bias, y)
+                                          y = (x - mean[c]) * invstd[c] * weight[c] + bias[c]
+    bn_backward_stats(grad_y, x, mean, invstd, stats)
+                                          stats[0, c] = sum of grad_y[:, c]; stats[1, c] = sum of
+                                          grad_y[:, c] * xhat[:, c], xhat = (x - mean) * invstd
+                                          (overwrites)
+    bn_param_grads(stats, grad_weight, grad_bias, accumulate)
+                                          grad_weight (=|+=) stats[1]; grad_bias (=|+=) stats[0]
+    bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x)
+                                          grad_x = weight*invstd*(grad_y - stats[0]/count
+                                          - xhat*stats[1]/count) (training-mode input gradient;
+                                          count = elements per channel the stats were summed over,
+                                          the global count for SyncBatchNorm)
+    global_avgpool_forward(x, y)          x (N, C, H, W) -> y (N, C): mean over H*W
+    global_avgpool_backward(grad_y, grad_x)
+                                          grad_x[n, c, :, :] = grad_y[n, c] / (H*W) (overwrites)
+    shortcut_forward(x, y, stride, offset)
+                                          option-A ResNet shortcut: x (N, C, H, W) -> y (N, C2, OH,
+                                          OW), OH = ceil(H/stride), OW = ceil(W/stride),
+                                          C2 >= C+offset: y[:, offset:offset+C] =
+                                          x[:, :, ::stride, ::stride], every other channel of y
+                                          zero (overwrites)
+    shortcut_backward(grad_y, grad_x, stride, offset)
+                                          grad_x (N, C, H, W) = zeros, then grad_x[:, :, ::s, ::s]
+                                          = grad_y[:, offset:offset+C] (overwrites)
 Optimizer updates (in place on param and state)
     sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay)
                                           PyTorch semantics: g = grad + wd*param;
