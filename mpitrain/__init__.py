@@ -14,6 +14,9 @@ from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Pro
                            cross_size, grouped_allreduce, grouped_allreduce_, init,
                            install_abort_hook, is_initialized, local_rank, local_size, rank,
                            reducescatter, shutdown, size)
+# What can run here (Horovod's build booleans): comm/build_info.py.
+from mpitrain.comm import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
+                           nccl_built)
 
 # Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
@@ -36,6 +39,7 @@ __all__ = [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
     "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
     "barrier", "broadcast_object", "allgather_object", "CollectiveError",
+    "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
     # training
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",
     "evaluate",

@@ -1,10 +1,13 @@
 """Collectives over MPI. Public names are listed in __all__; docs/architecture.md draws the layers.
 
 Bottom to top (each module imports only those before it): abort, watchdog, settings, check,
-world (init/shutdown and the per-communicator World), ops, ring, buckets, fusion, engine, host,
-overlap, device, collectives (the public API: host or device, chosen in one place).
+world (init/shutdown and the per-communicator World), build_info (what can run here), ops, ring,
+buckets, fusion, engine, host, overlap, device, collectives (the public API: host or device,
+chosen in one place).
 """
 from mpitrain.comm.abort import install_abort_hook
+from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
+                                      nccl_built)
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
                                        allgather_object, allreduce, allreduce_, alltoall, barrier,
@@ -22,4 +25,5 @@ __all__ = [
     "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
     "barrier", "broadcast_object", "allgather_object",
     "CollectiveError",
+    "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
 ]

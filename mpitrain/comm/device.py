@@ -47,6 +47,7 @@ from mpi4py import MPI
 
 from mpitrain.comm import host as host_collectives
 from mpitrain.comm import world
+from mpitrain.comm.build_info import device_count, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
 from mpitrain.comm.fusion import FusionBuffer
 from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
@@ -148,16 +149,6 @@ def is_device_array(x):
 
 # --- GPU selection ------------------------------------------------------------------------------
 
-def device_count():
-    """Number of visible GPUs (CuPy if installed, else Numba; 1 under the CUDA simulator)."""
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # noqa: BLE001 - no CuPy or no driver: ask Numba
-        from numba import cuda
-        return len(cuda.gpus) if cuda.is_available() else 0
-
-
 def select_device(local_rank=None):
     """Bind this process to GPU ``local_rank % device_count()`` (idempotent); returns its id.
 
@@ -202,11 +193,10 @@ def _current_device():
 
 def _nccl_ok():
     from numba import config
-    if config.ENABLE_CUDASIM or not _cupy_importable():
+    if config.ENABLE_CUDASIM or not nccl_built():
         return False
     try:
-        from cupy.cuda import nccl
-        return bool(getattr(nccl, "available", True)) and device_count() > 0
+        return device_count() > 0
     except Exception:  # noqa: BLE001 - any failure means: not usable here
         return False
 

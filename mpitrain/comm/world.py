@@ -33,7 +33,8 @@ class World:
 
     Communicators: ``comm`` (the user's), ``ring`` (a private duplicate for the ring's
     point-to-point messages), ``local`` / ``cross``; ``settings`` (CommSettings, agreed across
-    ranks); ``agreement`` (check.Agreement: the cross-rank check's buffers). Owned by the layers
+    ranks); ``agreement`` (check.Agreement: the cross-rank check's buffers); ``homogeneous``
+    (every node runs ``local_size`` ranks). Owned by the layers
     above, created there on first use and dropped with this object: ``scratch`` (engine.py's
     ring scratch per dtype), ``plans`` (host.py's steady-state allreduces), ``fusion`` (the
     fusion buffer), ``device`` (device.py's GPU, transport, NCCL communicator, fusion buffer).
@@ -58,6 +59,8 @@ class World:
         self.cross = comm.Split(self.local_rank, self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
+        # every node runs as many ranks as this one (build_info.is_homogeneous), agreed once
+        self.homogeneous = len(set(comm.allgather(self.local_size))) == 1
         self.agreement = check.Agreement(comm, settings.check)
         self.scratch = {}
         self.plans = {}
