@@ -43,6 +43,10 @@ def build_parser():
         help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
+            off = f.metadata.get("off_flag")
+            if off:  # the default spelled out, e.g. --no-decay-bn-bias (the last flag wins)
+                parser.add_argument("--" + off.replace("_", "-"), dest=f.name,
+                                    action="store_false", help=f"undo {flag} (the default)")
         else:
             default = f.default if f.default is not None else "-"
             if isinstance(default, tuple):

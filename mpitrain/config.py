@@ -16,6 +16,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS (config imports no data)
+LR_SCHEDULES = ("constant", "step", "cosine")   # mpitrain.optim.SCHEDULES
+NORMALIZATIONS = ("fixed", "train", "none")    # mpitrain.data.NORMALIZATIONS
 MODELS = ("mlp", "lenet", "cifar_cnn")
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
 # Per-sample shape of each real dataset, so model/dataset mismatches fail before any data is read.
@@ -31,8 +34,10 @@ class UsageError(ValueError):
     """Bad input from the user (flag, env var, checkpoint): one line, exit code 2, no traceback."""
 
 
-def _opt(default, help, choices=None, flag_type=None):
-    return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type})
+def _opt(default, help, choices=None, flag_type=None, off_flag=None):
+    """A field; ``off_flag`` names a second bool flag that sets it back to False."""
+    return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type,
+                                            "off_flag": off_flag})
 
 
 def parse_hidden(text):
@@ -44,6 +49,35 @@ def parse_hidden(text):
     if not sizes or min(sizes) < 1:
         raise UsageError("expected comma-separated positive integers like 256,128")
     return sizes
+
+
+def parse_milestones(text):
+    """'30,60' -> (30, 60): epochs after which --lr-schedule step multiplies the lr by gamma."""
+    try:
+        epochs = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise UsageError("expected comma-separated epochs like 30,60") from None
+    for m in epochs:
+        if m < 1:
+            raise UsageError(f"milestone {m}: epochs must be >= 1")
+    for a, b in zip(epochs, epochs[1:]):
+        if b <= a:
+            raise UsageError(f"milestones must be strictly increasing ({b} after {a})")
+    return epochs
+
+
+def parse_augment(text):
+    """'crop,flip' (any subset, any order) or 'none' -> the canonical 'crop,flip' / 'none'."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if parts == ["none"]:
+        return "none"
+    unknown = [p for p in parts if p not in AUGMENTATIONS]
+    if unknown:
+        raise UsageError(f"unknown augmentation {unknown[0]!r}; expected 'none' or a "
+                         f"comma-separated subset of {', '.join(AUGMENTATIONS)}")
+    if len(set(parts)) != len(parts):
+        raise UsageError("an augmentation is named twice")
+    return ",".join(a for a in AUGMENTATIONS if a in parts)
 
 
 @dataclass(frozen=True)
@@ -62,9 +96,19 @@ class Config:
     lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
     scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
     warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
+    lr_schedule: str = _opt("constant", "lr decay, times the warm-up: constant, step (x gamma "
+                                        "after each --lr-milestones epoch) or cosine (per step, "
+                                        "to 0 at the end of the run)", choices=LR_SCHEDULES)
+    lr_milestones: Optional[tuple] = _opt(None, "epochs after which --lr-schedule step "
+                                                "multiplies the lr by --lr-gamma, e.g. 30,60",
+                                          flag_type=parse_milestones)
+    lr_gamma: float = _opt(0.1, "lr factor at each --lr-milestones epoch")
     optimizer: str = _opt("sgd", "optimizer", choices=("sgd", "adam"))
     momentum: float = _opt(0.9, "SGD momentum (0 = plain SGD)")
     weight_decay: float = _opt(0.0, "L2 weight decay")
+    decay_bn_bias: bool = _opt(False, "decay every parameter; by default parameters with ndim <= 1 "
+                                      "(biases, BatchNorm weight and bias) get no weight decay "
+                                      "(--no-decay-bn-bias)", off_flag="no_decay_bn_bias")
     average: str = _opt("gradients", "average gradients before every update (Horovod) or "
                                      "weights every --average-every steps (PNNL)",
                         choices=("gradients", "weights"))
@@ -91,6 +135,15 @@ class Config:
     hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
                                    flag_type=parse_hidden)
     synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
+    augment: str = _opt("none", "training augmentation: none, or any of crop,flip (random crop "
+                                "with zero padding, horizontal flip; per sample, keyed by seed, "
+                                "epoch and sample index)", flag_type=parse_augment)
+    crop_padding: Optional[int] = _opt(None, "pixels of zero padding for --augment crop "
+                                             "(default: 2 on 28x28 images, 4 on 32x32)")
+    normalize: str = _opt("fixed", "per-channel input standardisation: fixed (the training "
+                                   "split's published mean/std), train (recomputed from the "
+                                   "loaded training set) or none (pixels in [0, 1])",
+                          choices=NORMALIZATIONS)
     timeline: Optional[str] = _opt(None, "write a Chrome-trace JSON of every rank's spans to this "
                                          "file (rank 0 merges; opens in Perfetto)")
 
@@ -117,6 +170,7 @@ class Config:
             raise UsageError(f"--weight-decay {self.weight_decay!r}: must be >= 0")
         if not self.warmup_epochs >= 0:
             raise UsageError(f"--warmup-epochs {self.warmup_epochs!r}: must be >= 0")
+        self._validate_recipe()
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             what = "--resume" if self.resume else f"--checkpoint-every {self.checkpoint_every}"
             raise UsageError(f"{what} needs --checkpoint-dir")
@@ -139,6 +193,37 @@ class Config:
                              f"{self.dataset!r} has {have}")
         return self
 
+    def _validate_recipe(self):
+        """Augmentation and lr schedule flags that contradict each other or the data."""
+        if self.lr_milestones is not None:
+            try:  # flags and env were parsed by it already; a Config built in code was not
+                parse_milestones(_csv(self.lr_milestones))
+            except UsageError as exc:
+                raise UsageError(f"--lr-milestones {_csv(self.lr_milestones)}: {exc}") from None
+            if self.lr_schedule != "step":
+                raise UsageError(f"--lr-milestones {_csv(self.lr_milestones)}: only for "
+                                 f"--lr-schedule step, not {self.lr_schedule!r}")
+            if self.steps is None and self.lr_milestones[-1] >= self.epochs:
+                raise UsageError(f"--lr-milestones {_csv(self.lr_milestones)}: milestone "
+                                 f"{self.lr_milestones[-1]} is never reached in --epochs "
+                                 f"{self.epochs} (the lr changes after epoch m, m < epochs)")
+        elif self.lr_schedule == "step":
+            raise UsageError("--lr-schedule step needs --lr-milestones (epochs, e.g. 30,60)")
+        if not self.lr_gamma > 0:
+            raise UsageError(f"--lr-gamma {self.lr_gamma!r}: must be > 0")
+        augment = parse_augment(self.augment).split(",")
+        if self.crop_padding is not None:
+            if "crop" not in augment:
+                raise UsageError(f"--crop-padding {self.crop_padding}: only with --augment crop")
+            shape = self.sample_shape()
+            if not 0 <= self.crop_padding < min(shape[-2:]):
+                raise UsageError(f"--crop-padding {self.crop_padding}: must be in [0, "
+                                 f"{min(shape[-2:])}) for {shape[-2]}x{shape[-1]} images")
+
+    def sample_shape(self):
+        """The per-sample shape the job's data will have (synthetic: the model's input)."""
+        return DATASET_SHAPES.get(self.dataset) or MODEL_SHAPES.get(self.model, (1, 28, 28))
+
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
@@ -148,6 +233,10 @@ class Config:
 
 def _flag(name):
     return "--" + name.replace("_", "-")
+
+
+def _csv(values):
+    return ",".join(map(str, values))
 
 
 def env_name(name):

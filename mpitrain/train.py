@@ -20,6 +20,15 @@ time are never in them. samples_per_sec is global: all ranks' samples per second
 Learning rate: ``--lr`` as given (times N with ``--scale-lr``); with ``--warmup-epochs w`` it ramps
 linearly with the fraction of epochs done, ``lr * min(1, epochs_done / w)`` -- a function of the
 data position only, so a resumed job (on any N with the same global batch) continues the ramp.
+``--lr-schedule step|cosine`` multiplies that by ``LRSchedule.decay(t)`` (optim/schedule.py) at
+``t = epoch * steps_per_epoch + position / global_batch``, the steps taken so far (exact under
+resume; measured in samples, so also continuous after resuming on another N).
+
+Recipe: ``--normalize`` picks the inputs' per-channel statistics (applied to train and test), and
+``--augment crop,flip`` transforms each training batch on the host after it is gathered
+(data/augment.py, keyed by seed, epoch and sample index: the same global batch for any N); the
+test set is never augmented. ``--no-decay-bn-bias`` (the default) gives parameters with
+``ndim <= 1`` no weight decay.
 """
 import json
 import os
@@ -74,9 +83,20 @@ def _backend(config):
 
 
 def _datasets(config):
+    """(train, test) with --normalize applied to both (statistics of the training set only)."""
+    train_set, test_set = _raw_datasets(config)
+    if config.normalize == "train":
+        mean, std = mt.data.channel_stats(train_set)  # bitwise the same on every rank
+        train_set = mt.data.standardize(train_set, mean, std)
+        test_set = mt.data.standardize(test_set, mean, std)
+    return train_set, test_set
+
+
+def _raw_datasets(config):
     if config.dataset != "synthetic":
-        return (mt.data.load(config.dataset, "train", config.data_dir),
-                mt.data.load(config.dataset, "test", config.data_dir))
+        fixed = config.normalize == "fixed"  # "train" restandardises this one; exact either way
+        return (mt.data.load(config.dataset, "train", config.data_dir, normalize=fixed),
+                mt.data.load(config.dataset, "test", config.data_dir, normalize=fixed))
     n_test = max(1, config.synthetic_samples // TEST_FRACTION)
     shape = MODEL_SHAPES.get(config.model, (1, 28, 28))
     # One draw for both splits, so the test set has the training set's class prototypes.
@@ -112,11 +132,12 @@ def _build_model(config, train_set, backend):
 
 def _build_optimizer(config, model, lr):
     params = model.parameters()
+    no_decay = None if config.decay_bn_bias else mt.optim.is_bias_or_norm
     if config.optimizer == "adam":
-        inner = mt.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)
+        inner = mt.optim.Adam(params, lr=lr, weight_decay=config.weight_decay, no_decay=no_decay)
     else:
         inner = mt.optim.SGD(params, lr=lr, momentum=config.momentum,
-                             weight_decay=config.weight_decay)
+                             weight_decay=config.weight_decay, no_decay=no_decay)
     compression = Compression.fp16 if config.fp16_allreduce else Compression.none
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
@@ -212,6 +233,11 @@ class Trainer:
         self.eval_loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.sampler = DistributedSampler(len(train_set), self.size, self.rank, seed=config.seed,
                                           batch_size=config.batch_size)
+        self.augment = _augmentation(config, train_set)
+        self.schedule = mt.optim.LRSchedule(
+            base_lr, config.lr_schedule, total_steps=max(1, self.total_steps()),
+            steps_per_epoch=max(1, self.steps_per_epoch()), milestones=config.lr_milestones or (),
+            gamma=config.lr_gamma)
         self.step, self.epoch, self.position = 0, 0, 0
         self.step_times, self.comm_times = [], []
         self.interval = np.zeros(3)  # loss sum, correct, samples since the last step record
@@ -297,11 +323,19 @@ class Trainer:
         """Epochs completed, with the fraction of the current one (the records' "epoch")."""
         return self.epoch + self.position / len(self.train_set)
 
+    def total_steps(self):
+        """Steps of the whole run at this N (the cosine schedule's length)."""
+        if self.config.steps is not None:
+            return self.config.steps
+        return self.config.epochs * self.steps_per_epoch()
+
     def lr_now(self):
+        t = self.epoch * self.steps_per_epoch() + self.position / self.global_batch
+        decay = self.schedule.decay(t)  # 1.0 for --lr-schedule constant
         if self.config.warmup_epochs <= 0:
-            return self.base_lr
+            return self.base_lr * decay
         done = self.epoch + (self.position + self.global_batch) / len(self.train_set)
-        return self.base_lr * min(1.0, done / self.config.warmup_epochs)
+        return self.base_lr * min(1.0, done / self.config.warmup_epochs) * decay
 
     def _advance(self):
         """Count the step just taken; True if it was the epoch's last (then the next begins)."""
@@ -312,8 +346,11 @@ class Trainer:
         return epoch_end
 
     # -- one step ------------------------------------------------------------------------------
-    def _to_backend(self, data, idx, shape):
-        host = np.ascontiguousarray(data[idx]).reshape((len(idx),) + shape)  # (b, ...)
+    def _to_backend(self, data, idx, shape, augment=None):
+        host = data[idx]                                                      # (b, ...)
+        if augment is not None:
+            host = augment(host, idx, self.epoch)  # keyed by sample, not by rank or batch
+        host = np.ascontiguousarray(host).reshape((len(idx),) + shape)        # (b, ...)
         return host if self.backend.name == "cpu" else self.backend.to_device(host)
 
     def train_step(self, idx):
@@ -321,7 +358,8 @@ class Trainer:
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
         with trace.span("data"):
-            x = self._to_backend(self.train_set.images, idx, self.model.input_shape)  # (b, ...)
+            x = self._to_backend(self.train_set.images, idx, self.model.input_shape,
+                                 self.augment)                                    # (b, ...)
             y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
@@ -443,6 +481,23 @@ class Trainer:
         if n <= 0 or total_s <= 0:
             return 0.0, 0.0, 0.0
         return n * self.global_batch / total_s, 1e3 * total_s / n, 1e3 * comm_s / n
+
+
+def _augmentation(config, train_set):
+    """The --augment transform of training batches, or None."""
+    if config.augment == "none":
+        return None
+    parts = config.augment.split(",")
+    shape = train_set.sample_shape
+    if len(shape) != 3:
+        raise UsageError(f"--augment {config.augment}: needs image samples (C, H, W), "
+                         f"{config.dataset} has {shape}")
+    padding = 0
+    if "crop" in parts:
+        padding = (mt.data.default_crop_padding(shape) if config.crop_padding is None
+                   else config.crop_padding)
+    fill = 0.0 if train_set.fill is None else train_set.fill
+    return mt.data.Augment(padding, "flip" in parts, seed=config.seed, fill=fill)
 
 
 def run(config):

@@ -25,9 +25,11 @@ class Dataset:
     labels:  int64 (N,), values in [0, classes)
     classes: number of classes
     name:    e.g. "fashion-mnist"; split: "train" / "test" (or None)
+    fill:    float32 (C,), the value a black (zero) pixel has after normalisation: what crop
+             augmentation pads with (None: 0, e.g. synthetic data)
     """
 
-    def __init__(self, images, labels, classes, name, split=None):
+    def __init__(self, images, labels, classes, name, split=None, fill=None):
         images = np.asarray(images)
         labels = np.asarray(labels)
         if images.dtype != np.float32:
@@ -49,6 +51,7 @@ class Dataset:
         self.classes = int(classes)
         self.name = str(name)
         self.split = split
+        self.fill = None if fill is None else np.asarray(fill, np.float32)  # (C,)
 
     @property
     def sample_shape(self):

@@ -32,8 +32,11 @@ def normalise(pixels, mean, std):
     return images
 
 
-def load(name, split="train", data_dir=None):
-    """Dataset `name` ("fashion-mnist", "mnist", "cifar10"), split "train" or "test"."""
+def load(name, split="train", data_dir=None, normalize=True):
+    """Dataset `name` ("fashion-mnist", "mnist", "cifar10"), split "train" or "test".
+
+    normalize=False: pixels only scaled to [0, 1] (for your own statistics, see normalize.py).
+    """
     spec = _spec(name)
     check_split(split)
     directory = locate(name, data_dir)
@@ -49,5 +52,8 @@ def load(name, split="train", data_dir=None):
         culprit = files[1] if spec.format == "idx" else directory
         raise DataError(f"{culprit}: label {labels[bad]} at index {bad} is out of range for "
                         f"{spec.classes} classes")
-    images = normalise(pixels, spec.mean, spec.std)                 # (N, C, H, W) float32
-    return Dataset(images, labels.astype(np.int64), spec.classes, name, split=split)
+    mean, std = (spec.mean, spec.std) if normalize else ((0.0,) * len(spec.mean),
+                                                         (1.0,) * len(spec.std))
+    images = normalise(pixels, mean, std)                           # (N, C, H, W) float32
+    fill = -np.asarray(mean, np.float64) / np.asarray(std, np.float64)  # a black pixel, (C,)
+    return Dataset(images, labels.astype(np.int64), spec.classes, name, split=split, fill=fill)

@@ -1,6 +1,7 @@
-"""Optimizers: SGD and Adam. Only optimizers write Parameter.data."""
+"""Optimizers: SGD and Adam (Parameter.data is theirs alone to write), and lr schedules."""
 from mpitrain.optim.adam import Adam
-from mpitrain.optim.optimizer import Optimizer
+from mpitrain.optim.optimizer import Optimizer, is_bias_or_norm
+from mpitrain.optim.schedule import SCHEDULES, LRSchedule
 from mpitrain.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+__all__ = ["Optimizer", "SGD", "Adam", "is_bias_or_norm", "LRSchedule", "SCHEDULES"]

@@ -4,6 +4,8 @@ with the 1-based step count.
     g = grad + weight_decay * param
     m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+``no_decay``: parameters that get weight_decay 0 (see optimizer.py).
 """
 from mpitrain.optim.optimizer import Optimizer
 
@@ -12,7 +14,8 @@ class Adam(Optimizer):
     _hyper = ("beta1", "beta2", "eps", "weight_decay")
     _buffers = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 no_decay=None):
         beta1, beta2 = betas
         for name, b in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= b < 1.0:
@@ -23,7 +26,7 @@ class Adam(Optimizer):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         self.beta1, self.beta2 = float(beta1), float(beta2)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
-        super().__init__(params, lr)
+        super().__init__(params, lr, no_decay)
 
     @property
     def betas(self):
@@ -32,4 +35,4 @@ class Adam(Optimizer):
     def _update(self, i, p):
         self.kernels.adam_update(p.data, p.grad, self.state["exp_avg"][i],
                                  self.state["exp_avg_sq"][i], self.lr, self.beta1, self.beta2,
-                                 self.eps, self.weight_decay, self.steps)
+                                 self.eps, self.decay_of(i, self.weight_decay), self.steps)

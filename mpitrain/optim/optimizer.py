@@ -4,21 +4,34 @@ State dicts hold only plain numbers and host NumPy arrays under flat string keys
 (``"momentum_buffer.3"``), so the checkpoint code can write them with ``np.savez`` and read them
 back with ``allow_pickle=False``. Per-parameter state lives on the parameters' backend and is updated in
 place by one fused kernel per parameter.
+
+Weight decay per parameter (PyTorch's param groups, as a mask): ``no_decay`` names the parameters
+that get none -- a predicate on the Parameter (``is_bias_or_norm``: every parameter with
+``ndim <= 1``, which covers biases and BatchNorm's weight and bias, the standard ResNet recipe) or
+one bool per parameter. The mask is part of the state dict (``"no_decay"``, uint8 per parameter), so
+a checkpoint or ``broadcast_optimizer_state`` carries it like ``weight_decay`` itself; a state dict
+without it (written before the mask existed) means "decay every parameter".
 """
 import numpy as np
+
+
+def is_bias_or_norm(param):
+    """True for the parameters the standard recipe does not decay: ndim <= 1 (biases, norms)."""
+    return param.data.ndim <= 1
 
 
 class Optimizer:
     _hyper = ()        # names of float hyper-parameters saved in the state dict (besides lr)
     _buffers = ()      # names of per-parameter state arrays
 
-    def __init__(self, params, lr):
+    def __init__(self, params, lr, no_decay=None):
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
         if not lr >= 0:
             raise ValueError(f"learning rate must be >= 0, got {lr!r}")
         self.lr = float(lr)
+        self.no_decay = _no_decay_mask(no_decay, self.params)  # (P,) uint8, 1 = no decay
         self.kernels = self.params[0].kernels
         self.steps = 0
         self.state = {name: [self.kernels.zeros(p.data.shape, p.data.dtype)
@@ -32,7 +45,7 @@ class Optimizer:
             p.zero_grad()
 
     def state_dict(self):
-        d = {"lr": float(self.lr), "step": int(self.steps)}
+        d = {"lr": float(self.lr), "step": int(self.steps), "no_decay": self.no_decay.copy()}
         for h in self._hyper:
             d[h] = getattr(self, h)
         for name, bufs in self.state.items():
@@ -44,7 +57,8 @@ class Optimizer:
         expected = {f"{name}.{i}" for name, bufs in self.state.items() for i in range(len(bufs))}
         expected |= {"lr", "step", *self._hyper}
         missing = sorted(expected - set(state))
-        unexpected = sorted(set(state) - expected)
+        optional = {"no_decay"}  # absent from state dicts written before the mask existed
+        unexpected = sorted(set(state) - expected - optional)
         if missing or unexpected:
             raise ValueError(f"{type(self).__name__} state_dict mismatch: missing keys {missing}, "
                              f"unexpected keys {unexpected}")
@@ -56,6 +70,13 @@ class Optimizer:
                                      f"parameter {i} has {tuple(buf.shape)}")
                 host = np.ascontiguousarray(value, dtype=buf.dtype)
                 self.kernels.copy(buf, self.kernels.to_device(host))
+        mask = np.zeros(len(self.params), np.uint8)
+        if "no_decay" in state:
+            mask = np.asarray(state["no_decay"])
+            if mask.shape != (len(self.params),):
+                raise ValueError(f"state_dict['no_decay'] has shape {mask.shape}, expected "
+                                 f"({len(self.params)},): one flag per parameter")
+        self.no_decay = (mask != 0).astype(np.uint8)  # (P,)
         self.lr = float(np.asarray(state["lr"]))
         self.steps = int(np.asarray(state["step"]))
         for h in self._hyper:
@@ -67,5 +88,21 @@ class Optimizer:
         for i, p in enumerate(self.params):
             self._update(i, p)
 
+    def decay_of(self, i, weight_decay):
+        """Parameter i's weight decay: ``weight_decay``, or 0 where the mask excludes it."""
+        return 0.0 if self.no_decay[i] else weight_decay
+
     def _update(self, i, p):
         raise NotImplementedError
+
+
+def _no_decay_mask(no_decay, params):
+    """uint8 (P,): 1 for the parameters that get no weight decay."""
+    if no_decay is None:
+        return np.zeros(len(params), np.uint8)
+    if callable(no_decay):
+        return np.array([bool(no_decay(p)) for p in params], np.uint8)
+    flags = [bool(f) for f in no_decay]
+    if len(flags) != len(params):
+        raise ValueError(f"no_decay has {len(flags)} flags for {len(params)} parameters")
+    return np.array(flags, np.uint8)

@@ -4,6 +4,9 @@
     buf = momentum * buf + g            (buf starts at zeros, so step 1 gives buf = g)
     g = g + momentum * buf  if nesterov else  buf
     param -= lr * g
+
+``no_decay`` (a predicate such as ``is_bias_or_norm``, or one bool per parameter): those
+parameters get weight_decay 0 (see optimizer.py).
 """
 from mpitrain.optim.optimizer import Optimizer
 
@@ -11,7 +14,7 @@ from mpitrain.optim.optimizer import Optimizer
 class SGD(Optimizer):
     _hyper = ("momentum", "nesterov", "weight_decay")
 
-    def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
+    def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0, no_decay=None):
         if not momentum >= 0:
             raise ValueError(f"momentum must be >= 0, got {momentum!r}")
         if not weight_decay >= 0:
@@ -21,7 +24,7 @@ class SGD(Optimizer):
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
         self.weight_decay = float(weight_decay)
-        super().__init__(params, lr)
+        super().__init__(params, lr, no_decay)
 
     def _active_buffers(self):
         return ("momentum_buffer",) if self.momentum != 0 else ()
@@ -29,4 +32,4 @@ class SGD(Optimizer):
     def _update(self, i, p):
         buf = self.state["momentum_buffer"][i] if self.momentum != 0 else p.data
         self.kernels.sgd_update(p.data, p.grad, buf, self.lr, self.momentum, self.nesterov,
-                                self.weight_decay)
+                                self.decay_of(i, self.weight_decay))
