@@ -628,3 +628,15 @@ def reduce_into(dst, src, op):
         _REDUCE_HALF[op](dst.view(np.uint16), src.view(np.uint16))
     else:
         _REDUCE_NUMBA[op](dst, src)
+
+
+
+# BatchNorm, global average pooling, ResNet shortcut (issue 11): kernels/cpu_norm.py; the tuple
+# names them as this module's own (pyflakes sees a re-export only through a use).
+from mpitrain.kernels.cpu_norm import (bn_backward_input, bn_backward_stats,  # noqa: E402
+                                       bn_eval_moments, bn_forward, bn_moments, bn_param_grads,
+                                       bn_stats, global_avgpool_backward, global_avgpool_forward,
+                                       shortcut_backward, shortcut_forward)
+NORM_KERNELS = (bn_stats, bn_moments, bn_eval_moments, bn_forward, bn_backward_stats,
+                bn_param_grads, bn_backward_input, global_avgpool_forward,
+                global_avgpool_backward, shortcut_forward, shortcut_backward)
