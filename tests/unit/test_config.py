@@ -105,3 +105,55 @@ def test_run_cli_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--batch-size 0" in err
     assert not metrics.exists()
+
+
+def test_recipe_flags_parse():
+    c = cli.parse(["--augment", "flip,crop", "--crop-padding", "3", "--lr-schedule", "step",
+                   "--lr-milestones", "2,4", "--lr-gamma", "0.2", "--epochs", "6",
+                   "--normalize", "train", "--decay-bn-bias"], environ={})
+    assert (c.augment, c.crop_padding, c.lr_schedule, c.lr_milestones, c.lr_gamma) == (
+        "crop,flip", 3, "step", (2, 4), 0.2)
+    assert c.normalize == "train" and c.decay_bn_bias
+    d = cli.parse([], environ={})
+    assert (d.augment, d.lr_schedule, d.normalize, d.decay_bn_bias) == (
+        "none", "constant", "fixed", False)                    # no decay on ndim <= 1 by default
+    assert not cli.parse(["--decay-bn-bias", "--no-decay-bn-bias"], environ={}).decay_bn_bias
+    env = cli.parse([], environ={"MPITRAIN_AUGMENT": "flip", "MPITRAIN_LR_SCHEDULE": "cosine",
+                                 "MPITRAIN_DECAY_BN_BIAS": "1"})
+    assert (env.augment, env.lr_schedule, env.decay_bn_bias) == ("flip", "cosine", True)
+    # --steps runs have no epoch count to check milestones against
+    assert cli.parse(["--lr-schedule", "step", "--lr-milestones", "9", "--steps", "5"],
+                     environ={}).lr_milestones == (9,)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--augment", "rotate"], "unknown augmentation 'rotate'"),
+    (["--augment", "crop,crop"], "named twice"),
+    (["--augment", "none,flip"], "unknown augmentation 'none'"),
+    (["--augment", "crop", "--crop-padding", "-1"], "--crop-padding -1"),
+    (["--augment", "crop", "--crop-padding", "28"], "--crop-padding 28: must be in [0, 28)"),
+    (["--augment", "crop", "--crop-padding", "32", "--dataset", "cifar10", "--model",
+      "cifar_cnn"], "[0, 32) for 32x32"),
+    (["--augment", "flip", "--crop-padding", "2"], "only with --augment crop"),
+    (["--lr-schedule", "poly"], "--lr-schedule 'poly'"),
+    (["--lr-schedule", "step"], "needs --lr-milestones"),
+    (["--lr-schedule", "step", "--lr-milestones", "3,2", "--epochs", "5"], "strictly increasing"),
+    (["--lr-schedule", "step", "--lr-milestones", "0,2", "--epochs", "5"], "milestone 0"),
+    (["--lr-schedule", "step", "--lr-milestones", "x", "--epochs", "5"], "--lr-milestones='x'"),
+    (["--lr-schedule", "step", "--lr-milestones", "2,5", "--epochs", "5"], "never reached"),
+    (["--lr-milestones", "2", "--epochs", "5"], "only for --lr-schedule step"),
+    (["--lr-schedule", "cosine", "--lr-milestones", "2", "--epochs", "5"], "not 'cosine'"),
+    (["--lr-gamma", "0"], "--lr-gamma 0.0"),
+    (["--normalize", "zscore"], "--normalize 'zscore'"),
+])
+def test_bad_recipe_input_is_one_line_naming_the_value(argv, needle):
+    with pytest.raises(UsageError) as info:
+        cli.parse(argv, environ={})
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_built_in_code_is_validated_too():
+    with pytest.raises(UsageError, match="--lr-milestones 3,1: milestones must be strictly"):
+        cfg.Config(lr_schedule="step", lr_milestones=(3, 1), epochs=5).validate()
+    with pytest.raises(UsageError, match="unknown augmentation"):
+        cfg.Config(augment="blur").validate()

@@ -62,6 +62,18 @@ def test_load_idx_dataset(tmp_path, name, mean, std, gz):
         np.testing.assert_array_equal(ds.labels, labels)
 
 
+def test_load_without_normalisation_and_the_fill_of_a_black_pixel(tmp_path):
+    raw = make_idx_dataset(tmp_path / "fashion-mnist")
+    plain = mt.data.load("fashion-mnist", "train", data_dir=tmp_path, normalize=False)
+    np.testing.assert_allclose(plain.images, raw["train"][0][:, None] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(plain.fill, [0.0])
+    fixed = mt.data.load("fashion-mnist", "train", data_dir=tmp_path)
+    np.testing.assert_allclose(fixed.fill, [-0.2860 / 0.3530], rtol=1e-6)
+    black = np.zeros((1, 1, 28, 28), np.uint8)
+    np.testing.assert_allclose(mt.data.loader.normalise(black, (0.2860,), (0.3530,))[0, 0, 0, 0],
+                               fixed.fill[0], rtol=1e-6)    # what crop pads with
+
+
 def test_default_split_is_train(tmp_path):
     make_idx_dataset(tmp_path / "mnist", sizes=(5, 2))
     assert len(mt.data.load("mnist", data_dir=tmp_path)) == 5

@@ -133,3 +133,64 @@ def test_adam_bad_arguments():
         mt.optim.Adam([param([1.0])], betas=(1.0, 0.9))
     with pytest.raises(ValueError, match="empty"):
         mt.optim.Adam([])
+
+
+def _conv_bn_params():
+    """A conv weight (4-D), its bias (1-D), a BN weight/bias (1-D) and a linear weight (2-D)."""
+    rng = np.random.default_rng(0)
+    shapes = [(3, 2, 3, 3), (3,), (3,), (3,), (5, 3)]
+    return [mt.nn.Parameter(rng.standard_normal(s)) for s in shapes]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps, nd: mt.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                no_decay=nd),
+    lambda ps, nd: mt.optim.Adam(ps, lr=0.01, weight_decay=0.01, no_decay=nd)])
+def test_no_decay_mask_equals_zero_decay_for_those_parameters(make):
+    """Masked parameters move as with weight_decay=0; the others as with full decay."""
+    masked, decayed, free = _conv_bn_params(), _conv_bn_params(), _conv_bn_params()
+    opts = [make(masked, mt.optim.is_bias_or_norm), make(decayed, None)]
+    plain = make(free, None)
+    plain.weight_decay = 0.0
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        grads = [rng.standard_normal(p.data.shape) for p in masked]
+        for opt in opts + [plain]:
+            for p, g in zip(opt.params, grads):
+                p.grad[...] = g
+            opt.step()
+    np.testing.assert_array_equal(opts[0].no_decay, [0, 1, 1, 1, 0])
+    for i, (m, d, f) in enumerate(zip(masked, decayed, free)):
+        want = f if m.data.ndim <= 1 else d
+        np.testing.assert_array_equal(m.data, want.data, err_msg=f"parameter {i}")
+    assert not np.array_equal(masked[1].data, decayed[1].data)   # the mask did something
+
+
+def test_no_decay_as_flags_and_errors():
+    ps = _conv_bn_params()
+    opt = mt.optim.SGD(ps, lr=0.1, weight_decay=0.1, no_decay=[True, False, False, True, False])
+    np.testing.assert_array_equal(opt.no_decay, [1, 0, 0, 1, 0])
+    with pytest.raises(ValueError, match="2 flags for 5 parameters"):
+        mt.optim.SGD(ps, lr=0.1, no_decay=[True, False])
+    assert mt.optim.SGD(ps, lr=0.1).no_decay.tolist() == [0] * 5    # default: decay everything
+
+
+def test_no_decay_mask_travels_in_the_state_dict():
+    src = mt.optim.SGD(_conv_bn_params(), lr=0.1, momentum=0.9, weight_decay=0.1,
+                       no_decay=mt.optim.is_bias_or_norm)
+    state = src.state_dict()
+    assert state["no_decay"].dtype == np.uint8 and state["no_decay"].tolist() == [0, 1, 1, 1, 0]
+    dst = mt.optim.SGD(_conv_bn_params(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    dst.load_state_dict(state)
+    np.testing.assert_array_equal(dst.no_decay, src.no_decay)
+    buf = io.BytesIO()                                  # survives np.savez without pickle
+    np.savez(buf, **state)
+    buf.seek(0)
+    with np.load(buf, allow_pickle=False) as z:
+        dst.load_state_dict(dict(z))
+    np.testing.assert_array_equal(dst.no_decay, src.no_decay)
+    old = {k: v for k, v in state.items() if k != "no_decay"}   # written before the mask
+    dst.load_state_dict(old)
+    assert dst.no_decay.tolist() == [0] * 5
+    with pytest.raises(ValueError, match="one flag per parameter"):
+        dst.load_state_dict(dict(state, no_decay=np.zeros(3, np.uint8)))
