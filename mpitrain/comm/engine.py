@@ -5,12 +5,15 @@ gradient buckets on the comm thread (overlap.py). The path -- MPI_Allreduce or o
 (ring.py) -- follows the rule written once in docs/architecture.md ("Allreduce path"), from the
 World's settings (world.py), the same on every rank. Average is a sum, then a scale by
 postscale/N; on the ring each rank scales the chunk it completes, before the allgather (1/N of a
-pass instead of a whole one, same bits). The ring's scratch buffers belong to the World.
+pass instead of a whole one, same bits). The ring's scratch buffers belong to the World. With
+MPITRAIN_HIERARCHICAL_ALLREDUCE=1 on several nodes the same path runs in two levels
+(hierarchical.py).
 """
 import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import world
+from mpitrain.comm.hierarchical import hierarchical_allreduce
 from mpitrain.comm.ops import MPI_OPS, UFUNCS, Average, reduce_kind
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels import cpu
@@ -30,6 +33,11 @@ def allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
     factor = postscale / comm.Get_size() if op is Average else postscale
     if comm.Get_size() > 1 and flat.size:
         kind = reduce_kind(op)
+        if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
+            sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
+            ring = (REDUCERS[kind], _scratch(state, flat.dtype, sub), sub) if use_ring else None
+            hierarchical_allreduce(*state.node_comms, flat, MPI_OPS[kind], factor, scale, ring)
+            return flat
         if use_ring:
             # each rank scales the chunk it completes, before the allgather: same bits
             finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))

@@ -57,6 +57,22 @@ def ring_allreduce(comm, buf, reduce, scratch, sub, finish=None):
     completes, right after its last reduction (still in cache) and before the allgather sends
     it: Average's 1/N costs each rank 1/N of a pass over the buffer instead of a whole pass.
     """
+    if comm.Get_size() == 1 or buf.shape[0] == 0:
+        return buf
+    ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish)
+    ring_allgather(comm, buf, sub)
+    return buf
+
+
+def owned_chunk(rank, size):
+    """The chunk that rank holds fully reduced after ``ring_reduce_scatter``."""
+    return (rank + 1) % size
+
+
+def ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish=None):
+    """The first phase alone: afterwards chunk ``owned_chunk(rank, size)`` of ``buf`` (bounds
+    ``chunk_bounds``) is reduced over every rank; the other chunks hold partial results.
+    Arguments as for ``ring_allreduce``; hierarchical.py runs it inside a node."""
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.shape[0] == 0:
         return buf
@@ -68,6 +84,16 @@ def ring_allreduce(comm, buf, reduce, scratch, sub, finish=None):
         send_c, recv_c = (rank - step) % size, (rank - step - 1) % size
         _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch, sub, step,
                      finish if step == size - 2 else None)
+    return buf
+
+
+def ring_allgather(comm, buf, sub):
+    """The second phase alone: every rank's ``owned_chunk`` of ``buf`` to every rank."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1 or buf.shape[0] == 0:
+        return buf
+    bounds = chunk_bounds(buf.shape[0], size)
+    right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send_c, recv_c = (rank + 1 - step) % size, (rank - step) % size
         _copy_step(comm, buf, bounds, send_c, recv_c, left, right, sub, size + step)

@@ -12,7 +12,9 @@ communicator's state (world.py); nothing in the comm layer reads the environment
     MPITRAIN_STALL_SHUTDOWN     stall_shutdown_s     abort the job after this long; 0 = never (0)
     MPITRAIN_FUSION_THRESHOLD   fusion_threshold_bytes  bucket size limit (None: the caller's
                                                      default, 64 MiB; 4 MiB for overlap)
-    MPITRAIN_LOCAL_SIZE         local_size           fake hosts of k consecutive ranks (testing)
+    MPITRAIN_NODE_SIZE          local_size           emulated nodes of k consecutive ranks (testing;
+                                                     alias MPITRAIN_LOCAL_SIZE, the older name)
+    MPITRAIN_HIERARCHICAL_ALLREDUCE  hierarchical    1: allreduce inside nodes, then across (0)
     MPITRAIN_DEVICE_COMM        device_comm          device allreduce: auto | nccl | mpi | host
     MPITRAIN_CUDA_AWARE_MPI     cuda_aware_mpi       0 | 1 overrides the MPI library's answer
 
@@ -30,8 +32,13 @@ ENV = {"algorithm": "MPITRAIN_ALLREDUCE", "ring_threshold_bytes": "MPITRAIN_RING
        "ring_subchunk_bytes": "MPITRAIN_RING_SUBCHUNK", "check": "MPITRAIN_CHECK",
        "stall_warning_s": "MPITRAIN_STALL_WARNING", "stall_shutdown_s": "MPITRAIN_STALL_SHUTDOWN",
        "fusion_threshold_bytes": "MPITRAIN_FUSION_THRESHOLD",
-       "local_size": "MPITRAIN_LOCAL_SIZE", "device_comm": "MPITRAIN_DEVICE_COMM",
-       "cuda_aware_mpi": "MPITRAIN_CUDA_AWARE_MPI"}
+       "local_size": "MPITRAIN_NODE_SIZE", "device_comm": "MPITRAIN_DEVICE_COMM",
+       "cuda_aware_mpi": "MPITRAIN_CUDA_AWARE_MPI",
+       "hierarchical": "MPITRAIN_HIERARCHICAL_ALLREDUCE"}
+# Other names of the same variable: MPITRAIN_LOCAL_SIZE was the node size's first name.
+ALIASES = {"local_size": "MPITRAIN_LOCAL_SIZE"}
+_BUT = "but its alias"
+NODE_SIZE_NAMES = "MPITRAIN_NODE_SIZE (alias MPITRAIN_LOCAL_SIZE)"      # for error messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +53,7 @@ class CommSettings:
     local_size: Optional[int] = None
     device_comm: str = "auto"
     cuda_aware_mpi: Optional[bool] = None
+    hierarchical: bool = False
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -60,7 +68,10 @@ class CommSettings:
         if self.fusion_threshold_bytes is not None:
             _check_int("MPITRAIN_FUSION_THRESHOLD", self.fusion_threshold_bytes, 0)
         if self.local_size is not None:
-            _check_int("MPITRAIN_LOCAL_SIZE", self.local_size, 1)
+            _check_int(NODE_SIZE_NAMES, self.local_size, 1)
+        if self.hierarchical not in (True, False):
+            raise ValueError(f"MPITRAIN_HIERARCHICAL_ALLREDUCE={self.hierarchical!r}: "
+                             f"expected 0 or 1")
         if self.device_comm not in DEVICE_TRANSPORTS + ("auto",):
             raise ValueError(f"MPITRAIN_DEVICE_COMM={self.device_comm!r}: expected one of nccl, "
                              f"mpi, host (or unset)")
@@ -77,12 +88,17 @@ class CommSettings:
             kw["algorithm"] = text.lower()
         for field in ("ring_threshold_bytes", "ring_subchunk_bytes", "fusion_threshold_bytes",
                       "local_size"):
+            if raw[field] is not None and _BUT in raw[field]:
+                raise ValueError(f"{ENV[field]}={raw[field]}: set one of the two")
             if raw[field] is not None:
-                kw[field] = _parse_int(ENV[field], raw[field])
+                kw[field] = _parse_int(NODE_SIZE_NAMES if field == "local_size" else ENV[field],
+                                       raw[field])
         if raw["check"] is not None:
             kw["check"] = raw["check"] != "0"
         if raw["device_comm"] is not None:
             kw["device_comm"] = raw["device_comm"].lower()
+        if raw["hierarchical"] is not None:
+            kw["hierarchical"] = _parse_flag(ENV["hierarchical"], raw["hierarchical"])
         if raw["cuda_aware_mpi"] in ("0", "1"):      # anything else: ask the library
             kw["cuda_aware_mpi"] = raw["cuda_aware_mpi"] == "1"
         for field in ("stall_warning_s", "stall_shutdown_s"):
@@ -102,6 +118,13 @@ def env_values(environ=None):
     for field, key in ENV.items():
         text = environ.get(key)
         values[field] = text if text is not None and text.strip() else None
+    for field, alias in ALIASES.items():
+        text = environ.get(alias)
+        if text is None or not text.strip() or text == values[field]:
+            continue
+        # both names set to different values: parsing refuses it (same text on every rank
+        # that has the same pair, so init's comparison still sees a difference as one)
+        values[field] = text if values[field] is None else f"{values[field]} {_BUT} {alias}={text}"
     return values
 
 
@@ -110,6 +133,12 @@ def _parse_int(key, text):
         return int(text)
     except ValueError:
         raise ValueError(f"{key}={text!r} is not an integer") from None
+
+
+def _parse_flag(key, text):
+    if text.strip() not in ("0", "1"):
+        raise ValueError(f"{key}={text!r}: expected 0 or 1")
+    return text.strip() == "1"
 
 
 def _parse_seconds(key, text):

@@ -12,17 +12,18 @@ communicators and keeps them in the World, with every buffer and plan the layers
 - ``local_comm()`` / ``cross_comm()``: ranks on the same host (``Split_type(COMM_TYPE_SHARED)``)
                     and ranks with the same local rank across hosts.
 
-``MPITRAIN_LOCAL_SIZE=k`` fakes hosts of k consecutive ranks, so tests on one machine can exercise
-the local/cross split (it must divide the world size).
+``MPITRAIN_NODE_SIZE=k`` (alias ``MPITRAIN_LOCAL_SIZE``) emulates nodes of k consecutive ranks, so
+tests on one machine can exercise the local/cross split (it must divide the world size).
 """
 import dataclasses
+import sys
 import threading
 
 from mpi4py import MPI
 
 from mpitrain import threads as thread_budget
 from mpitrain.comm import check, watchdog
-from mpitrain.comm.settings import ENV, CommSettings, env_values
+from mpitrain.comm.settings import ENV, NODE_SIZE_NAMES, CommSettings, env_values
 
 _state = None
 _lock = threading.Lock()
@@ -47,7 +48,7 @@ class World:
         self.size = comm.Get_size()
         k = settings.local_size
         if k is not None and self.size % k:
-            raise ValueError(f"MPITRAIN_LOCAL_SIZE={k} must be >= 1 and divide the world size "
+            raise ValueError(f"{NODE_SIZE_NAMES}={k} must be >= 1 and divide the world size "
                              f"{self.size}")
         self.ring = comm.Dup()
         if k:
@@ -61,6 +62,16 @@ class World:
         self.cross_size = self.cross.Get_size()
         # every node runs as many ranks as this one (build_info.is_homogeneous), agreed once
         self.homogeneous = len(set(comm.allgather(self.local_size))) == 1
+        # hierarchical.py's private duplicates (local, cross), as ``ring`` is the ring's; None
+        # = flat allreduce (not asked for, one level only, or nodes of different sizes)
+        self.node_comms = None
+        if settings.hierarchical and 1 < self.local_size < self.size:
+            if self.homogeneous:
+                self.node_comms = (self.local.Dup(), self.cross.Dup())
+            elif self.rank == 0:
+                print(f"mpitrain: MPITRAIN_HIERARCHICAL_ALLREDUCE=1 ignored, the allreduce stays "
+                      f"flat: nodes run different numbers of ranks (rank 0's node: "
+                      f"{self.local_size})", file=sys.stderr, flush=True)
         self.agreement = check.Agreement(comm, settings.check)
         self.scratch = {}
         self.plans = {}
@@ -68,7 +79,7 @@ class World:
         self.device = {}
 
     def free(self):
-        for c in (self.ring, self.local, self.cross):
+        for c in (self.ring, self.local, self.cross) + (self.node_comms or ()):
             if c != MPI.COMM_NULL:
                 c.Free()
 
