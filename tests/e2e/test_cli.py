@@ -217,6 +217,12 @@ BAD = {
     "unwritable output path": (["--timeline", "/proc/nope/t.json"], "--timeline"),
     "fresh run into another run's checkpoints": (["--checkpoint-dir", "{ck}"],
                                                  "already holds checkpoints"),
+    "unknown augmentation": (["--augment", "crop,rotate"], "unknown augmentation 'rotate'"),
+    "unknown lr schedule": (["--lr-schedule", "poly"], "--lr-schedule 'poly'"),
+    "crop padding too large": (["--augment", "crop", "--crop-padding", "28"],
+                               "--crop-padding 28"),
+    "milestones out of order": (["--epochs", "9", "--lr-schedule", "step", "--lr-milestones",
+                                 "6,3"], "strictly increasing"),
 }
 
 
