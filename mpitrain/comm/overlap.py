@@ -29,33 +29,25 @@ Numba kernels and BLAS release the GIL, and mpi4py releases it inside MPI calls,
 threads really run at once. Each bucket has its own flat buffer (all are in flight together);
 an array alone in its bucket, contiguous and already of the wire dtype, is reduced in place.
 """
-import concurrent.futures
-import threading
-
 import numpy as np
-from mpi4py import MPI
 
-from mpitrain.comm import watchdog, world
+from mpitrain.comm import handles, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
+from mpitrain.comm.handles import comm_thread_available
 from mpitrain.kernels import cpu
 
-_executor = None
-_executor_lock = threading.Lock()
 
+def run_in_order(fn, *args):
+    """``fn(*args)`` after every bucket allreduce already handed to the comm thread; its result.
 
-def comm_thread_available():
-    """True when MPI allows a second thread to make the calls (SERIALIZED or better)."""
-    return MPI.Query_thread() >= MPI.THREAD_SERIALIZED
-
-
-def _comm_executor():
-    """The process's single communication thread (started on first use)."""
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="mpitrain-comm")
-        return _executor
+    A collective issued from the caller's thread while buckets are in flight would race the comm
+    thread on the same communicator (two threads, two orders, a hang). This queues ``fn`` on the
+    comm thread behind them instead and waits, so every rank runs the buckets and ``fn`` in the
+    same order: the way to make a collective from inside backward (SyncBatchNorm's sums). With
+    nothing in flight ``fn`` runs here. (Every blocking collective now goes through the same
+    handles.ordered, so this is that call under the name SyncBatchNorm uses.)
+    """
+    return handles.ordered(fn, *args)
 
 
 class _Bucket:
@@ -75,10 +67,14 @@ class BucketAllreduce:
     reduce_flat(flat): allreduces a contiguous 1-D host array in place (scaling included); it
     runs on the comm thread.
     describe: fields agreed across ranks together with the plan (op, factors, name).
+    state: the World (world.py) of the ranks that reduce: its agreement checks the plan, its
+    watchdog Record marks each bucket (the global set's or a process set's; None: the global
+    set's).
     """
 
     def __init__(self, specs, threshold_bytes, reduce_flat, describe, wire_dtypes=None,
-                 overlap=True):
+                 overlap=True, state=None):
+        self.state = state
         self.specs = [(tuple(s), np.dtype(d)) for s, d in specs]
         wire = wire_dtypes or [d for _, d in self.specs]
         self.wire = [np.dtype(w) for w in wire]
@@ -112,7 +108,9 @@ class BucketAllreduce:
                       wire=tuple(w.str for w in self.wire), overlap=True)
         # Once per plan, on the caller's thread, with nothing in flight: ranks whose arrays
         # differ learn it here, all of them, before any bucket moves.
-        world.current().agreement("grouped_allreduce", fields)
+        if self.state is None:
+            self.state = world.current()
+        self.state.agreement("grouped_allreduce", fields)
         self.buckets = self._plan()
         self._bucket_of = [0] * len(self.specs)
         for b in self.buckets:
@@ -140,8 +138,8 @@ class BucketAllreduce:
         if self._arrays[i] is not None:
             self._wait_all()
             self._reset_step()
-            raise ValueError(f"array {i} reported ready twice before finish(); accumulate "
-                             f"gradients without the backward hook")
+            raise ValueError(f"array {i} reported ready twice before finish() (its first "
+                             f"allreduce may have read it half-written)")
         self._arrays[i] = array
         self._missing[self._bucket_of[i]] -= 1
         while self._next < len(self.buckets) and self._missing[self._next] == 0:
@@ -174,7 +172,7 @@ class BucketAllreduce:
         error = None
         for fut in self._futures:
             try:
-                fut.result()
+                handles.synchronize(fut)
             except BaseException as exc:  # noqa: BLE001 - returned, re-raised by the caller
                 error = error or exc
         return error
@@ -195,7 +193,8 @@ class BucketAllreduce:
         if not self.overlap:
             self._reduce(flat, b.index, nbytes, "main")
             return
-        self._futures.append(_comm_executor().submit(self._run, flat, b.index, nbytes))
+        self._futures.append(handles.submit(self._run, flat, b.index, nbytes,
+                                            kind="allreduce bucket"))
 
     def _run(self, flat, index, nbytes):
         # comm thread: buckets run one at a time, in submission order
@@ -211,12 +210,14 @@ class BucketAllreduce:
         # Watched like an agreement (watchdog.py): a rank that never sends its gradients is
         # named; the caller makes no MPI call while buckets are in flight, so this is the one
         # collective running in this process.
-        watchdog.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
+        record = self.state.record
+        record.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
         try:
-            with _timeline().span("allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes):
+            with _timeline().span("allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes,
+                                  process_set=self.state.set_id):
                 self.reduce_flat(flat)
         finally:
-            watchdog.leave()
+            record.leave()
 
 
 def _assign(dst, src):

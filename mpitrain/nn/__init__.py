@@ -1,12 +1,21 @@
-"""Layers, losses, Sequential and the model zoo: model math on arrays, no MPI inside.
+"""Modules, layers, losses and the model zoo: model math on arrays, no MPI inside (SyncBatchNorm
+reaches the collectives through an injected reduction, resolved lazily).
 
 Layers fill ``Parameter.grad``; only optimizers (mpitrain.optim) write ``Parameter.data``.
 """
 from mpitrain.nn import models
-from mpitrain.nn.layers import Conv2D, Dropout, Flatten, Layer, Linear, MaxPool2D, ReLU
+from mpitrain.nn.batchnorm import BatchNorm1d, BatchNorm2d
+from mpitrain.nn.layers import (Conv2D, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear,
+                                MaxPool2D, ReLU)
 from mpitrain.nn.loss import SoftmaxCrossEntropy
+from mpitrain.nn.module import Module
 from mpitrain.nn.parameter import Parameter
+from mpitrain.nn.residual import Add, BasicBlock, ShortcutA
+from mpitrain.nn.resnet import ResNet
 from mpitrain.nn.sequential import Sequential
+from mpitrain.nn.sync_batchnorm import SyncBatchNorm
 
-__all__ = ["Parameter", "Layer", "Linear", "ReLU", "Conv2D", "MaxPool2D", "Flatten", "Dropout",
-           "SoftmaxCrossEntropy", "Sequential", "models"]
+__all__ = ["Parameter", "Module", "Layer", "Linear", "ReLU", "Conv2D", "MaxPool2D",
+           "GlobalAvgPool2d", "Flatten", "Dropout", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm",
+           "Add", "ShortcutA", "BasicBlock", "ResNet", "SoftmaxCrossEntropy", "Sequential",
+           "models"]

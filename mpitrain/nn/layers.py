@@ -1,4 +1,4 @@
-"""Layers: Linear, ReLU, Conv2D, MaxPool2D, Flatten, Dropout.
+"""Layers: Linear, ReLU, Conv2D, MaxPool2D, GlobalAvgPool2d, Flatten, Dropout (leaves of a Module).
 
 Every layer does its arithmetic through the backend kernels it holds (``self.kernels``), never with
 NumPy on its arrays, so the same code runs on the CPU, on CuPy and on Numba CUDA. Weights are drawn
@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from mpitrain import kernels as _kernels
+from mpitrain.nn.module import Module
 from mpitrain.nn.parameter import Parameter
 
 
@@ -41,29 +42,30 @@ def init_weight(rng, shape, fan_in, fan_out, scheme):
     raise ValueError(f"unknown init scheme {scheme!r}; expected 'he' or 'glorot'")
 
 
-class Layer:
-    """Base class: mode, parameters and batch-sized workspaces."""
+class Layer(Module):
+    """Base class of the leaves: kernels, dtype and batch-sized workspaces (mode, parameters
+    and buffers come from Module).
+
+    ``forward(x)`` returns a workspace; ``backward(grad_y, need_input_grad=True)`` fills the
+    parameter gradients and returns the input gradient (or None).
+    """
 
     def __init__(self, kernels=None, dtype=np.float32):
+        super().__init__()
         self.kernels = kernels if kernels is not None else _kernels.get("cpu")
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
             raise ValueError(f"layer dtype must be floating point, got {self.dtype}")
-        self.training = True
-        self._params = {}
         self._ws = {}
 
-    def named_parameters(self):
-        return list(self._params.items())
+    def forward_through(self, x):
+        return self.forward(x)
 
-    def parameters(self):
-        return list(self._params.values())
-
-    def train(self):
-        self.training = True
-
-    def eval(self):
-        self.training = False
+    def backward_through(self, grad_y, need_input_grad, on_layer_done):
+        grad_x = self.backward(grad_y, need_input_grad=need_input_grad)
+        if on_layer_done is not None and self._params:
+            on_layer_done(list(self._params.values()))
+        return grad_x
 
     def workspace(self, key, shape, dtype=None):
         """A reusable array of ``shape``; regrown only when axis 0 outgrows it."""
@@ -80,9 +82,6 @@ class Layer:
             raise ValueError(f"{type(self).__name__} expects {what}, got shape {tuple(x.shape)}")
         if x.dtype != self.dtype:
             raise ValueError(f"{type(self).__name__} has dtype {self.dtype}, input has {x.dtype}")
-
-    def __call__(self, x):
-        return self.forward(x)
 
 
 class Linear(Layer):
@@ -169,7 +168,8 @@ class Flatten(Layer):
 
 
 class Conv2D(Layer):
-    """2-D convolution as im2col + one GEMM; W (out_c, in_c, k, k), square kernel.
+    """2-D convolution as im2col + one GEMM; W (out_c, in_c, k, k), square kernel; ``bias=False``
+    leaves the bias out (a convolution followed by BatchNorm, whose shift makes it redundant).
 
     Forward: cols (N*OH*OW, C*K*K) = im2col(x); rows (N*OH*OW, OC) = cols @ W.T (+b, ReLU);
     y (N, OC, OH, OW) = transpose of rows. Backward runs the same path in reverse, reusing the cols
@@ -177,7 +177,7 @@ class Conv2D(Layer):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, relu=False,
-                 seed=0, dtype=np.float32, kernels=None, init=None):
+                 seed=0, dtype=np.float32, kernels=None, init=None, bias=True):
         super().__init__(kernels, dtype)
         _check_positive("in_channels", in_channels)
         _check_positive("out_channels", out_channels)
@@ -194,8 +194,13 @@ class Conv2D(Layer):
         w = init_weight(_rng(seed), (out_channels, in_channels, kernel_size, kernel_size),
                         fan_in, fan_out, scheme)
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
-        self.bias = self._params["bias"] = Parameter(np.zeros(out_channels, self.dtype),
-                                                     self.kernels)
+        self.bias = None
+        if bias:
+            self.bias = self._params["bias"] = Parameter(np.zeros(out_channels, self.dtype),
+                                                         self.kernels)
+        elif self.relu:
+            # ReLU without a bias: bias_act with zeros keeps the fused, out-of-place path
+            self._zero_bias = self.kernels.zeros((out_channels,), self.dtype)
 
     def output_hw(self, h, w):
         k, s, p = self.kernel_size, self.stride, self.padding
@@ -212,12 +217,22 @@ class Conv2D(Layer):
                              f"(input shape {tuple(x.shape)})")
         k, ks = self.kernels, self.kernel_size
         oh, ow = self.output_hw(h, w)
+        self._fused = getattr(k, "conv2d_forward", None) is not None
+        if self._fused:
+            # The backend's own convolution (the CPU's: one image at a time, kernels/cpu_conv.py)
+            y = self.workspace("y", (n, self.out_channels, oh, ow))    # (N, OC, OH, OW)
+            k.conv2d_forward(x, self.weight.data, None if self.bias is None else self.bias.data,
+                             y, self.stride, self.padding, self.relu)
+            self._x, self._y = x, y
+            return y
         rows = n * oh * ow
         cols = self.workspace("cols", (rows, c * ks * ks))              # (N*OH*OW, C*K*K)
         k.im2col(x, cols, ks, ks, self.stride, self.padding)
         y_rows = self.workspace("y_rows", (rows, self.out_channels))    # (N*OH*OW, OC)
         k.gemm(cols, self._w2d(self.weight.data), y_rows, trans_b=True)
-        k.bias_act(y_rows, self.bias.data, self.relu)
+        if self.bias is not None or self.relu:
+            k.bias_act(y_rows, self._zero_bias if self.bias is None else self.bias.data,
+                       self.relu)
         y = self.workspace("y", (n, self.out_channels, oh, ow))        # (N, OC, OH, OW)
         k.nhwc_to_nchw(y_rows, y)
         self._x_shape, self._cols, self._y_rows = tuple(x.shape), cols, y_rows
@@ -228,6 +243,8 @@ class Conv2D(Layer):
 
     def backward(self, grad_y, need_input_grad=True):
         k, ks = self.kernels, self.kernel_size
+        if self._fused:
+            return self._fused_backward(grad_y, need_input_grad)
         g = self.workspace("g_rows", self._y_rows.shape)               # (N*OH*OW, OC)
         k.nchw_to_nhwc(grad_y, g)
         if self.relu:
@@ -237,10 +254,11 @@ class Conv2D(Layer):
             g = pre
         grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
         k.gemm(g, self._cols, self._w2d(grad_w), trans_a=True, accumulate=acc)
-        grad_b, acc = self.bias.grad_target()
-        if not acc:
-            k.fill(grad_b, 0)
-        k.bias_grad(g, grad_b)
+        if self.bias is not None:
+            grad_b, acc = self.bias.grad_target()
+            if not acc:
+                k.fill(grad_b, 0)
+            k.bias_grad(g, grad_b)
         if not need_input_grad:
             return None
         d_cols = self._cols                                             # (N*OH*OW, C*K*K)
@@ -249,9 +267,22 @@ class Conv2D(Layer):
         k.col2im(d_cols, grad_x, ks, ks, self.stride, self.padding)
         return grad_x
 
+    def _fused_backward(self, grad_y, need_input_grad):
+        grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
+        grad_b = None
+        if self.bias is not None:
+            grad_b, acc_b = self.bias.grad_target()                     # (OC,)
+            if not acc_b:
+                self.kernels.fill(grad_b, 0)
+        grad_x = self.workspace("grad_x", self._x.shape) if need_input_grad else None
+        self.kernels.conv2d_backward(self._x, self.weight.data, self._y, grad_y, self.stride,
+                                     self.padding, self.relu, grad_w, acc, grad_b, grad_x)
+        return grad_x
+
     def __repr__(self):
         return (f"Conv2D({self.in_channels}, {self.out_channels}, {self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, relu={self.relu})")
+                f"stride={self.stride}, padding={self.padding}, relu={self.relu}"
+                f"{'' if self.bias is not None else ', bias=False'})")
 
 
 class MaxPool2D(Layer):
@@ -286,6 +317,27 @@ class MaxPool2D(Layer):
 
     def __repr__(self):
         return f"MaxPool2D({self.kernel_size}, stride={self.stride})"
+
+
+class GlobalAvgPool2d(Layer):
+    """(N, C, H, W) -> (N, C): the mean of each channel over its H*W positions."""
+
+    def forward(self, x):
+        self._check_input(x, 4, "(N, C, H, W)")
+        y = self.workspace("y", tuple(x.shape[:2]))                     # (N, C)
+        self.kernels.global_avgpool_forward(x, y)
+        self._x_shape = tuple(x.shape)
+        return y
+
+    def backward(self, grad_y, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
+        self.kernels.global_avgpool_backward(grad_y, grad_x)
+        return grad_x
+
+    def __repr__(self):
+        return "GlobalAvgPool2d()"
 
 
 class Dropout(Layer):

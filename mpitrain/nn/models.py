@@ -1,13 +1,16 @@
-"""Model zoo: mlp (the PNNL DNN), lenet (TensorFlow's "deep MNIST" network), cifar_cnn (Keras's).
+"""Model zoo: mlp (the PNNL DNN), lenet (TensorFlow's "deep MNIST" network), cifar_cnn (Keras's),
+and the CIFAR ResNets resnet20 / resnet32 / resnet56 (resnet.py).
 
 Each builder draws all weights from one ``np.random.default_rng(seed)`` in layer order, so the same
 seed gives the same model on every process. ``init="glorot"`` (default): Glorot uniform everywhere;
 ``init=None``: He normal for the layers that feed a ReLU (fused into the layer), Glorot for the
-output. Convolutions use "same" padding, as in the originals.
+output. Convolutions use "same" padding, as in the originals. ``dropout=p`` > 0 puts a Dropout
+before the output layer of any zoo model (the ResNets: after the global average pool).
 """
 import numpy as np
 
-from mpitrain.nn.layers import Conv2D, Flatten, Linear, MaxPool2D
+from mpitrain.nn.layers import Conv2D, Dropout, Flatten, Linear, MaxPool2D
+from mpitrain.nn.resnet import resnet
 from mpitrain.nn.sequential import Sequential
 
 # Glorot uniform for every layer (Keras's default). He normal on the ReLU layers (init=None, the
@@ -21,36 +24,44 @@ def _kw(seed, dtype, kernels, init):
     return dict(seed=np.random.default_rng(seed), dtype=dtype, kernels=kernels, init=init)
 
 
+def _head(layers, dropout, kw, dtype, kernels):
+    """``layers`` with a Dropout before the last one when ``dropout`` > 0."""
+    if dropout:
+        layers.insert(len(layers) - 1, Dropout(dropout, seed=kw["seed"], dtype=dtype,
+                                               kernels=kernels))
+    return layers
+
+
 def mlp(in_features=784, hidden=(1024, 1024), classes=10, seed=0, dtype=np.float32, kernels=None,
-        init=INIT):
+        init=INIT, dropout=0.0):
     """Linear+ReLU for each width in ``hidden``, then Linear to ``classes``; input (B, in)."""
     kw = _kw(seed, dtype, kernels, init)
     sizes = [in_features] + list(hidden)
     layers = [Linear(a, b, relu=True, **kw) for a, b in zip(sizes, sizes[1:])]
     layers.append(Linear(sizes[-1], classes, **kw))
-    return Sequential(*layers, input_shape=(in_features,))
+    return Sequential(*_head(layers, dropout, kw, dtype, kernels), input_shape=(in_features,))
 
 
-def lenet(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT):
+def lenet(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT, dropout=0.0):
     """conv5x5-32, pool2, conv5x5-64, pool2, fc1024, fc classes on (B, 1, 28, 28)."""
     kw = _kw(seed, dtype, kernels, init)
     dk = dict(dtype=dtype, kernels=kernels)
-    return Sequential(
+    return Sequential(*_head([
         Conv2D(1, 32, 5, padding=2, relu=True, **kw),        # (B, 32, 28, 28)
         MaxPool2D(2, **dk),                                  # (B, 32, 14, 14)
         Conv2D(32, 64, 5, padding=2, relu=True, **kw),       # (B, 64, 14, 14)
         MaxPool2D(2, **dk),                                  # (B, 64, 7, 7)
         Flatten(**dk),                                       # (B, 3136)
         Linear(64 * 7 * 7, 1024, relu=True, **kw),
-        Linear(1024, classes, **kw),
+        Linear(1024, classes, **kw)], dropout, kw, dtype, kernels),
         input_shape=(1, 28, 28))
 
 
-def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT):
+def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT, dropout=0.0):
     """conv3x3-32 x2, pool2, conv3x3-64 x2, pool2, fc512, fc classes on (B, 3, 32, 32)."""
     kw = _kw(seed, dtype, kernels, init)
     dk = dict(dtype=dtype, kernels=kernels)
-    return Sequential(
+    return Sequential(*_head([
         Conv2D(3, 32, 3, padding=1, relu=True, **kw),        # (B, 32, 32, 32)
         Conv2D(32, 32, 3, padding=1, relu=True, **kw),
         MaxPool2D(2, **dk),                                  # (B, 32, 16, 16)
@@ -59,16 +70,33 @@ def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT):
         MaxPool2D(2, **dk),                                  # (B, 64, 8, 8)
         Flatten(**dk),                                       # (B, 4096)
         Linear(64 * 8 * 8, 512, relu=True, **kw),
-        Linear(512, classes, **kw),
+        Linear(512, classes, **kw)], dropout, kw, dtype, kernels),
         input_shape=(3, 32, 32))
 
 
-_ZOO = {"mlp": mlp, "lenet": lenet, "cifar_cnn": cifar_cnn}
+def resnet20(**kwargs):
+    """ResNet-20 (0.27M parameters): ``resnet(20, ...)``, see resnet.py."""
+    return resnet(20, **kwargs)
+
+
+def resnet32(**kwargs):
+    """ResNet-32: ``resnet(32, ...)``."""
+    return resnet(32, **kwargs)
+
+
+def resnet56(**kwargs):
+    """ResNet-56: ``resnet(56, ...)``."""
+    return resnet(56, **kwargs)
+
+
+_ZOO = {"mlp": mlp, "lenet": lenet, "cifar_cnn": cifar_cnn, "resnet20": resnet20,
+        "resnet32": resnet32, "resnet56": resnet56}
 
 
 def get(name, **kwargs):
     """Build a zoo model by name: ``get("mlp", seed=42)`` is ``mlp(seed=42)`` (a model, not a
-    builder; the builders themselves are ``mt.models.mlp``, ``.lenet``, ``.cifar_cnn``)."""
+    builder; the builders themselves are ``mt.models.mlp``, ``.lenet``, ``.cifar_cnn``,
+    ``.resnet20``, ...; the ResNets take ``input_shape=(C, H, W)``, default (3, 32, 32))."""
     if name not in _ZOO:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(_ZOO)}")
     return _ZOO[name](**kwargs)

@@ -1,54 +1,11 @@
-"""Finite-difference gradient checks, in float64, for every layer, the loss and a small model.
-
-Each check uses the scalar L = sum(forward(x) * R) for a fixed random R, so backward(R) must equal
-dL/dx and dL/dparam; central differences with h = 1e-6 give about 1e-8 relative accuracy.
-"""
+"""Finite-difference gradient checks, in float64, for every layer, the loss and a small model
+(the checker: tests/support/gradcheck.py)."""
 import numpy as np
 import pytest
 
 import mpitrain as mt
 from mpitrain.nn import Conv2D, Dropout, Flatten, Linear, MaxPool2D, ReLU, SoftmaxCrossEntropy
-
-H = 1e-6
-TOL = 1e-6
-
-
-def numeric_grad(f, a, h=H):
-    """Central differences of the scalar f() w.r.t. every element of a (perturbed in place)."""
-    g = np.zeros_like(a)
-    flat, gflat = a.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + h
-        up = f()
-        flat[i] = old - h
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * h)
-    return g
-
-
-def assert_close(analytic, numeric, what):
-    scale = max(1.0, np.abs(numeric).max())
-    err = np.abs(analytic - numeric).max() / scale
-    assert err < TOL, f"{what}: max relative error {err:.3e}"
-
-
-def check_layer(layer, x, rng):
-    y = layer.forward(x)
-    r = rng.standard_normal(y.shape)
-
-    def loss():
-        return float(np.sum(layer.forward(x) * r))
-
-    loss()
-    for p in layer.parameters():
-        p.zero_grad()
-    grad_x = np.array(layer.backward(r.copy(), need_input_grad=True))
-    assert_close(grad_x, numeric_grad(loss, x), f"{layer!r} d/dx")
-    for name, p in layer.named_parameters():
-        assert_close(np.array(p.grad), numeric_grad(loss, p.data), f"{layer!r} d/d{name}")
-
+from tests.support.gradcheck import assert_close, check_layer, numeric_grad
 
 @pytest.fixture
 def rng():
