@@ -15,6 +15,11 @@ communicator's state (world.py); nothing in the comm layer reads the environment
     MPITRAIN_NODE_SIZE          local_size           emulated nodes of k consecutive ranks (testing;
                                                      alias MPITRAIN_LOCAL_SIZE, the older name)
     MPITRAIN_HIERARCHICAL_ALLREDUCE  hierarchical    1: allreduce inside nodes, then across (0)
+    MPITRAIN_AUTOTUNE           autotune             1: try fusion thresholds and ring/MPI on
+                                                     the first training steps (autotune.py) (0)
+    MPITRAIN_AUTOTUNE_LOG       autotune_log         CSV of the trials, written by rank 0
+    MPITRAIN_AUTOTUNE_STEPS     autotune_steps       timed steps per trial (3)
+    MPITRAIN_AUTOTUNE_WARMUP_STEPS  autotune_warmup_steps  untimed steps after each switch (1)
     MPITRAIN_DEVICE_COMM        device_comm          device allreduce: auto | nccl | mpi | host
     MPITRAIN_CUDA_AWARE_MPI     cuda_aware_mpi       0 | 1 overrides the MPI library's answer
 
@@ -34,7 +39,9 @@ ENV = {"algorithm": "MPITRAIN_ALLREDUCE", "ring_threshold_bytes": "MPITRAIN_RING
        "fusion_threshold_bytes": "MPITRAIN_FUSION_THRESHOLD",
        "local_size": "MPITRAIN_NODE_SIZE", "device_comm": "MPITRAIN_DEVICE_COMM",
        "cuda_aware_mpi": "MPITRAIN_CUDA_AWARE_MPI",
-       "hierarchical": "MPITRAIN_HIERARCHICAL_ALLREDUCE"}
+       "hierarchical": "MPITRAIN_HIERARCHICAL_ALLREDUCE", "autotune": "MPITRAIN_AUTOTUNE",
+       "autotune_log": "MPITRAIN_AUTOTUNE_LOG", "autotune_steps": "MPITRAIN_AUTOTUNE_STEPS",
+       "autotune_warmup_steps": "MPITRAIN_AUTOTUNE_WARMUP_STEPS"}
 # Other names of the same variable: MPITRAIN_LOCAL_SIZE was the node size's first name.
 ALIASES = {"local_size": "MPITRAIN_LOCAL_SIZE"}
 _BUT = "but its alias"
@@ -54,6 +61,10 @@ class CommSettings:
     device_comm: str = "auto"
     cuda_aware_mpi: Optional[bool] = None
     hierarchical: bool = False
+    autotune: bool = False
+    autotune_log: Optional[str] = None
+    autotune_steps: int = 3
+    autotune_warmup_steps: int = 1
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -72,6 +83,13 @@ class CommSettings:
         if self.hierarchical not in (True, False):
             raise ValueError(f"MPITRAIN_HIERARCHICAL_ALLREDUCE={self.hierarchical!r}: "
                              f"expected 0 or 1")
+        if self.autotune not in (True, False):
+            raise ValueError(f"MPITRAIN_AUTOTUNE={self.autotune!r}: expected 0 or 1")
+        if self.autotune_log is not None and (not isinstance(self.autotune_log, str)
+                                              or not self.autotune_log.strip()):
+            raise ValueError(f"MPITRAIN_AUTOTUNE_LOG={self.autotune_log!r}: expected a file path")
+        _check_int("MPITRAIN_AUTOTUNE_STEPS", self.autotune_steps, 1)
+        _check_int("MPITRAIN_AUTOTUNE_WARMUP_STEPS", self.autotune_warmup_steps, 0)
         if self.device_comm not in DEVICE_TRANSPORTS + ("auto",):
             raise ValueError(f"MPITRAIN_DEVICE_COMM={self.device_comm!r}: expected one of nccl, "
                              f"mpi, host (or unset)")
@@ -87,7 +105,7 @@ class CommSettings:
         if text is not None:
             kw["algorithm"] = text.lower()
         for field in ("ring_threshold_bytes", "ring_subchunk_bytes", "fusion_threshold_bytes",
-                      "local_size"):
+                      "local_size", "autotune_steps", "autotune_warmup_steps"):
             if raw[field] is not None and _BUT in raw[field]:
                 raise ValueError(f"{ENV[field]}={raw[field]}: set one of the two")
             if raw[field] is not None:
@@ -97,8 +115,11 @@ class CommSettings:
             kw["check"] = raw["check"] != "0"
         if raw["device_comm"] is not None:
             kw["device_comm"] = raw["device_comm"].lower()
-        if raw["hierarchical"] is not None:
-            kw["hierarchical"] = _parse_flag(ENV["hierarchical"], raw["hierarchical"])
+        for field in ("hierarchical", "autotune"):
+            if raw[field] is not None:
+                kw[field] = _parse_flag(ENV[field], raw[field])
+        if raw["autotune_log"] is not None:
+            kw["autotune_log"] = raw["autotune_log"]
         if raw["cuda_aware_mpi"] in ("0", "1"):      # anything else: ask the library
             kw["cuda_aware_mpi"] = raw["cuda_aware_mpi"] == "1"
         for field in ("stall_warning_s", "stall_shutdown_s"):
