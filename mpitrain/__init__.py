@@ -17,6 +17,12 @@ from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Pro
 # What can run here (Horovod's build booleans): comm/build_info.py.
 from mpitrain.comm import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
                            nccl_built)
+# Non-blocking collectives (comm/handles.py) and process sets (comm/process_sets.py).
+from mpitrain.comm import (Handle, ProcessSet, add_process_set, allgather_async,
+                           allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
+                           broadcast_async_, global_process_set, grouped_allreduce_async,
+                           grouped_allreduce_async_, poll, process_sets, reducescatter_async,
+                           remove_process_set, synchronize)
 
 # Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
@@ -39,6 +45,10 @@ __all__ = [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
     "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
     "barrier", "broadcast_object", "allgather_object", "CollectiveError",
+    "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather_async", "broadcast_async", "broadcast_async_", "reducescatter_async",
+    "alltoall_async", "poll", "synchronize", "Handle",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_sets",
     "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
     # training
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",

@@ -8,18 +8,19 @@ import time
 
 import numpy as np
 
-from mpitrain.comm import collectives, overlap, world
+from mpitrain.comm import collectives, overlap
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.engine import allreduce_flat
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
 from mpitrain.comm.ops import on_device
+from mpitrain.comm.process_sets import global_process_set, world_of
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
 # early in backward, large enough that per-call latency stays small (PyTorch DDP: 25 MB).
 OVERLAP_BUCKET_BYTES = 4 * 1024 * 1024
 
 
-def broadcast_parameters(params, root_rank=0):
+def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
     """Overwrite every parameter in place with root_rank's values (Horovod's spellings).
 
     params, any of:
@@ -30,12 +31,13 @@ def broadcast_parameters(params, root_rank=0):
       rank must list them in the same order, as a model's own ``parameters()`` does.
     Anything that cannot be written back (a list, a scalar, a read-only array, a pair that is not
     (name, array)) is a ValueError, and a difference in names across ranks a CollectiveError:
-    raised on every rank, before any data moves, never ignored.
+    raised on every rank, before any data moves, never ignored. process_set: the ranks that
+    take part (root_rank is a global rank among them).
     """
     items, error = _writable_arrays(params)
     names = [name for name, _ in items]
     # One agreement first: a rank whose input is bad must not leave the others in a broadcast.
-    reports = collectives.allgather_object((error, names))
+    reports = collectives.allgather_object((error, names), process_set=process_set)
     errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(reports) if e is not None]
     if errors:
         raise ValueError("broadcast_parameters: " + "; ".join(errors))
@@ -45,7 +47,8 @@ def broadcast_parameters(params, root_rank=0):
             f"broadcast_parameters: the parameter names of ranks {differ} differ from rank 0's "
             f"({len(reports[0][1])} names starting {reports[0][1][:3]})")
     for name, array in items:
-        collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}")
+        collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}",
+                               process_set=process_set)
 
 
 def _writable_arrays(params):
@@ -135,7 +138,8 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
-                 average_every=1, fusion_threshold_bytes=None, overlap=True):
+                 average_every=1, fusion_threshold_bytes=None, overlap=True,
+                 process_set=global_process_set):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -152,6 +156,7 @@ class DistributedOptimizer:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
         self.overlap = bool(overlap)
+        self.process_set = process_set    # whose ranks average (others: ValueError at the step)
         default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
                    else DEFAULT_THRESHOLD_BYTES)
         self.fusion_threshold_bytes = collectives.fusion_threshold(fusion_threshold_bytes, default)
@@ -219,25 +224,26 @@ class DistributedOptimizer:
         """The overlapping bucket allreduce, or None where it does not apply."""
         if self._buckets is not None:
             return self._buckets
-        if (not self.overlap or self.average != "gradients" or world.size() == 1
+        if (not self.overlap or self.average != "gradients" or self.process_set.size() == 1
                 or not self.params or _is_device_array(self.params[0].data)):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
         grads = [p.data for p in reversed(self.params)]
         f, op = self.gradient_predivide_factor, self.op
+        state = world_of(self.process_set, "DistributedOptimizer")
         self._buckets = overlap.BucketAllreduce(
             [(tuple(g.shape), g.dtype) for g in grads], self.fusion_threshold_bytes,
-            lambda flat: allreduce_flat(flat, op, 1.0 / f, f),
+            lambda flat: allreduce_flat(state, flat, op, 1.0 / f, f),
             {"name": "DistributedOptimizer.gradients", "op": op.value, "prescale_factor": 1.0 / f,
              "postscale_factor": f},
-            wire_dtypes=[self.compression.wire_dtype(g.dtype) for g in grads])
+            wire_dtypes=[self.compression.wire_dtype(g.dtype) for g in grads], state=state)
         return self._buckets
 
     def synchronize(self):
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
         if self.average != "gradients":
             return
-        if world.size() == 1:  # the average of one: skip the pack/unpack copies
+        if self.process_set.size() == 1:  # the average of one: skip the pack/unpack copies
             self._synchronized = True
             return
         start = time.perf_counter()
@@ -262,7 +268,8 @@ class DistributedOptimizer:
         with _timeline().span("synchronize", cat="comm"):
             collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
                                            prescale_factor=1.0 / f, postscale_factor=f,
-                                           fusion_threshold_bytes=self.fusion_threshold_bytes)
+                                           fusion_threshold_bytes=self.fusion_threshold_bytes,
+                                           process_set=self.process_set)
         for g, w in zip(grads, self._wire):
             if w is not None:
                 kernels.cast(g, w)
@@ -280,13 +287,14 @@ class DistributedOptimizer:
 
     def average_weights(self):
         """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""
-        if world.size() == 1:
+        if self.process_set.size() == 1:
             return
         start = time.perf_counter()
         with _timeline().span("average_weights", cat="comm"):
             collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
                                            name="DistributedOptimizer.weights",
-                                           fusion_threshold_bytes=self.fusion_threshold_bytes)
+                                           fusion_threshold_bytes=self.fusion_threshold_bytes,
+                                           process_set=self.process_set)
         self.comm_time_s += time.perf_counter() - start
 
     def step(self):
@@ -346,7 +354,7 @@ def _parameter_names(params, named_parameters):
     return [by_id[id(p)] for p in params]
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process_set):
     """Give every rank root_rank's optimizer state (hyper-parameters, step, buffers), in place.
 
     The root's state layout travels first (as an object), so ranks whose state differs in shape
@@ -355,12 +363,14 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     state = optimizer.state_dict()
     arrays = {k: (v.shape, v.dtype.str) for k, v in state.items() if isinstance(v, np.ndarray)}
     values = {k: v for k, v in state.items() if k not in arrays}
-    arrays, values = collectives.broadcast_object((arrays, values), root_rank=root_rank)
+    arrays, values = collectives.broadcast_object((arrays, values), root_rank=root_rank,
+                                                  process_set=process_set)
     new = dict(values)
     for k in sorted(arrays):
         shape, dtype = arrays[k]
         mine = state.get(k)
         ok = isinstance(mine, np.ndarray) and mine.shape == shape and mine.dtype.str == dtype
         new[k] = np.ascontiguousarray(mine) if ok else np.zeros(shape, dtype)
-        collectives.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}")
+        collectives.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}",
+                               process_set=process_set)
     optimizer.load_state_dict(new)

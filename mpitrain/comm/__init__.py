@@ -1,8 +1,9 @@
 """Collectives over MPI. Public names are listed in __all__; docs/architecture.md draws the layers.
 
 Bottom to top (each module imports only those before it): abort, watchdog, settings, check,
-world (init/shutdown and the per-communicator World), build_info (what can run here), ops, ring,
-buckets, fusion, engine, host, overlap, device, collectives (the public API: host or device,
+handles (the comm thread of non-blocking collectives), world (init/shutdown and the
+per-communicator World), process_sets, build_info (what can run here), ops, ring, buckets,
+fusion, engine, host, overlap, device, collectives (the public API: host or device,
 chosen in one place).
 """
 from mpitrain.comm.abort import install_abort_hook
@@ -13,6 +14,13 @@ from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum
                                        allgather_object, allreduce, allreduce_, alltoall, barrier,
                                        broadcast, broadcast_, broadcast_object, grouped_allreduce,
                                        grouped_allreduce_, reducescatter)
+from mpitrain.comm.collectives import (allgather_async, allreduce_async, allreduce_async_,
+                                       alltoall_async, broadcast_async, broadcast_async_,
+                                       grouped_allreduce_async, grouped_allreduce_async_,
+                                       reducescatter_async)
+from mpitrain.comm.handles import Handle, poll, synchronize
+from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                        process_sets, remove_process_set)
 from mpitrain.comm.settings import CommSettings
 from mpitrain.comm.world import (cross_rank, cross_size, init, is_initialized, local_rank,
                                  local_size, rank, shutdown, size)
@@ -25,5 +33,9 @@ __all__ = [
     "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
     "barrier", "broadcast_object", "allgather_object",
     "CollectiveError",
+    "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather_async", "broadcast_async", "broadcast_async_", "reducescatter_async",
+    "alltoall_async", "Handle", "poll", "synchronize",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_sets",
     "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
 ]

@@ -40,10 +40,15 @@ class CollectiveError(RuntimeError):
 
 
 class Agreement:
-    """The cross-rank check of one communicator (``enabled=False``: MPITRAIN_CHECK=0)."""
+    """The cross-rank check of one communicator (``enabled=False``: MPITRAIN_CHECK=0).
 
-    def __init__(self, comm, enabled=True):
+    record: the stall watchdog's Record of this communicator (watchdog.py), marked around
+    every exchange (default: the global set's).
+    """
+
+    def __init__(self, comm, enabled=True, record=None):
         self.comm = comm
+        self.record = watchdog.record() if record is None else record
         self.size = comm.Get_size()
         self.enabled = bool(enabled)
         self.usable = self.enabled and self.size > 1   # whether agreements exchange messages
@@ -109,11 +114,12 @@ class Agreement:
         """Every collective's first MPI call: fixed-size, whatever the collective and arguments,
         so ranks that disagree still make matching calls and learn it instead of blocking."""
         self.send[0] = h
-        watchdog.enter(desc)
+        record = self.record
+        record.enter(desc)
         try:
             self.comm.Allgather(self.send, self.rows)
         finally:
-            watchdog.leave()
+            record.leave()
         # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
         fingerprints = self.column.tolist()
         if fingerprints.count(h) != len(fingerprints):

@@ -30,8 +30,10 @@ of grouped_allreduce lives on the device: its plan follows fusion.py's rules (by
 first appearance, packed in input order up to MPITRAIN_FUSION_THRESHOLD bytes) so it is identical
 on every rank and reruns are bitwise identical. The one-off collectives (broadcast, allgather,
 reducescatter, alltoall: parameter broadcast at start, metrics) stage through the host (host.py).
-The chosen GPU, transport, NCCL communicator and device fusion buffer live in the World
-(``world.current().device``), so ``mt.shutdown()`` forgets them.
+The chosen GPU lives in the global World (``world.current().device``: one per process); the
+transport, NCCL communicator and device fusion buffer in the World each collective is given as
+``state`` (the global set's or a process set's, resolved by collectives.py), so
+``mt.shutdown()`` and ``mt.remove_process_set`` forget them.
 
 Array families: the only place in the package that branches on the array type is ``_family``;
 everything else goes through a family's kernels module (mpitrain.kernels.cuda_cupy or
@@ -56,7 +58,7 @@ from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
 
 
 def _state():
-    """This World's device state: device, transport, nccl, fusion (absent until made)."""
+    """The global World's device state (the process's GPU; absent until chosen)."""
     return world.current().device
 
 
@@ -223,15 +225,16 @@ def cuda_aware_mpi():
     return False
 
 
-def transport():
-    """The allreduce transport ('nccl' | 'mpi' | 'host'); chosen once, the same on every rank."""
-    state = world.current()
+def transport(state=None):
+    """The allreduce transport ('nccl' | 'mpi' | 'host') of a World (default: the global set's);
+    chosen once per World, the same on every rank of it."""
+    state = world.current() if state is None else state
     if state.device.get("transport") is not None:
         return state.device["transport"]
     comm = state.comm
     forced = state.settings.device_comm              # validated and agreed at init
     # NCCL refuses two ranks of one communicator on the same GPU (ranks sharing GPUs)
-    ids = world.local_comm().allgather(_current_device())
+    ids = state.local.allgather(_current_device())
     shared_gpu = len(set(ids)) < len(ids)
     # a transport is usable only if it is usable on every rank
     local = np.array([_nccl_ok() and not shared_gpu, cuda_aware_mpi(), True], np.int32)
@@ -259,9 +262,8 @@ _NCCL_TYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32"
 _NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
 
 
-def _nccl_comm():
-    """The NCCL communicator of the current world (unique id from rank 0 over MPI)."""
-    state = world.current()
+def _nccl_comm(state):
+    """The NCCL communicator of a World (unique id from its rank 0 over MPI)."""
     if state.device.get("nccl") is None:
         from cupy.cuda import nccl
         comm = state.comm
@@ -271,18 +273,18 @@ def _nccl_comm():
     return state.device["nccl"]
 
 
-def _allreduce_flat(fam, flat, op, pre, post):
+def _allreduce_flat(state, fam, flat, op, pre, post):
     """Allreduce the contiguous 1-D device array ``flat`` in place (scaling included)."""
     k = fam.kernels
-    size = world.comm().Get_size()
-    how = transport() if size > 1 and flat.size else "none"
+    size = state.comm.Get_size()
+    how = transport(state) if size > 1 and flat.size else "none"
     dtype = np.dtype(flat.dtype).name
     if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and dtype == "float16":
         how = "host"
     if how == "host":
         host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned
         fam.to_host(flat, host)
-        host_allreduce_flat(host, op, pre, post)
+        host_allreduce_flat(state, host, op, pre, post)
         fam.to_dev(host, flat)
         return flat
     if pre != 1.0:
@@ -291,11 +293,11 @@ def _allreduce_flat(fam, flat, op, pre, post):
     if how == "nccl":
         from cupy.cuda import nccl
         ptr = flat.__cuda_array_interface__["data"][0]
-        _nccl_comm().allReduce(ptr, ptr, flat.size, getattr(nccl, _NCCL_TYPES[dtype]),
+        _nccl_comm(state).allReduce(ptr, ptr, flat.size, getattr(nccl, _NCCL_TYPES[dtype]),
                                getattr(nccl, _NCCL_OPS[kind]), fam.stream_ptr())
     elif how == "mpi":
         k.synchronize()                                          # MPI reads device memory now
-        world.comm().Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
+        state.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
     factor = post / size if op is Average else post
     if factor != 1.0:
         k.scale(flat, factor)
@@ -326,31 +328,32 @@ def _copy_of(fam, a):
 
 # --- allreduce ----------------------------------------------------------------------------------
 
-def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce", False)
     if err is None and integer_average(a.dtype, op):
         # a float64 mean, as on the host, and through it (integer averages are small metrics)
         return fam.kernels.to_device(host_collectives.allreduce(
-            fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
+            state, fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor))
     out = _copy_of(fam, a) if err is None else a
-    return _allreduce_checked("allreduce", fam, out, err, op, name, prescale_factor,
+    return _allreduce_checked(state, "allreduce", fam, out, err, op, name, prescale_factor,
                               postscale_factor)
 
 
-def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, "allreduce_", True)
     if err is None and integer_average(a.dtype, op):
         err = integer_average_error("allreduce_", a.dtype)
-    _allreduce_checked("allreduce_", fam, a, err, op, name, prescale_factor, postscale_factor)
+    _allreduce_checked(state, "allreduce_", fam, a, err, op, name, prescale_factor,
+                       postscale_factor)
     return x
 
 
-def _allreduce_checked(kind, fam, a, err, op, name, prescale, postscale):
+def _allreduce_checked(state, kind, fam, a, err, op, name, prescale, postscale):
     op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
     fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str)
-    world.current().agreement("allreduce", fields, err or err2)
-    _allreduce_flat(fam, _flat(a), op, pre, post)
+    state.agreement("allreduce", fields, err or err2)
+    _allreduce_flat(state, fam, _flat(a), op, pre, post)
     return a
 
 
@@ -381,7 +384,7 @@ class DeviceFusionBuffer(FusionBuffer):
         return outs
 
 
-def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
+def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
     checked = [_check(x, kind, in_place) if is_device_array(x) else
                (x, None, f"{kind}: host and device arrays mixed in one call") for x in xs]
@@ -395,7 +398,6 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     if len(fams) > 1:
         errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
     op, pre, post, fields, err = reduce_args(kind, op, prescale, postscale)
-    state = world.current()
     try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
         threshold, threshold_err = host_collectives.fusion_threshold(state, threshold), None
     except ValueError as exc:
@@ -410,20 +412,20 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     if fusion is None or fusion.fam is not fam or fusion.threshold_bytes != threshold:
         fusion = state.device["fusion"] = DeviceFusionBuffer(fam, threshold)
     outs = arrays if in_place else [fam.kernels.empty(a.shape, a.dtype) for a in arrays]
-    fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(fam, flat, op, pre, post))
+    fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(state, fam, flat, op, pre, post))
     return xs if in_place else outs
 
 
-def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0,
+def grouped_allreduce(state, xs, op=Average, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, fusion_threshold_bytes=None):
-    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
-                    fusion_threshold_bytes)
+    return _grouped(state, "grouped_allreduce", xs, False, op, name, prescale_factor,
+                    postscale_factor, fusion_threshold_bytes)
 
 
-def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0,
+def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0,
                        postscale_factor=1.0, fusion_threshold_bytes=None):
-    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
-                    fusion_threshold_bytes)
+    return _grouped(state, "grouped_allreduce_", xs, True, op, name, prescale_factor,
+                    postscale_factor, fusion_threshold_bytes)
 
 
 # --- one-off collectives: staged through the host ------------------------------------------------
@@ -433,46 +435,46 @@ def _down(x, kind):
     return (fam.kernels.to_host(a) if err is None else np.zeros(0, np.float32)), fam, err
 
 
-def _agree_error(kind, err):
+def _agree_error(state, kind, err):
     """A local device-argument error raised on every rank (the host call would see a fine array)."""
-    world.current().agreement(f"{kind} (device)", {}, err)
+    state.agreement(f"{kind} (device)", {}, err)
 
 
-def allgather(x, name=None):
+def allgather(state, x, name=None):
     host, fam, err = _down(x, "allgather")
-    _agree_error("allgather", err)
-    return fam.kernels.to_device(host_collectives.allgather(host, name=name))
+    _agree_error(state, "allgather", err)
+    return fam.kernels.to_device(host_collectives.allgather(state, host, name=name))
 
 
-def broadcast(x, root_rank, name=None):
+def broadcast(state, x, root_rank, name=None):
     host, fam, err = _down(x, "broadcast")
-    _agree_error("broadcast", err)
-    return fam.kernels.to_device(host_collectives.broadcast(host, root_rank, name=name))
+    _agree_error(state, "broadcast", err)
+    return fam.kernels.to_device(host_collectives.broadcast(state, host, root_rank, name=name))
 
 
-def broadcast_(x, root_rank, name=None):
+def broadcast_(state, x, root_rank, name=None):
     a, fam, err = _check(x, "broadcast_", True)
-    _agree_error("broadcast_", err)
+    _agree_error(state, "broadcast_", err)
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
     fam.to_host(_flat(a), host)
-    host_collectives.broadcast_(host.reshape(a.shape), root_rank, name=name)
+    host_collectives.broadcast_(state, host.reshape(a.shape), root_rank, name=name)
     fam.to_dev(host, _flat(a))
     return x
 
 
-def reducescatter(x, op=Average, name=None, prescale_factor=1.0,
+def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
     host, fam, err = _down(x, "reducescatter")
-    _agree_error("reducescatter", err)
+    _agree_error(state, "reducescatter", err)
     return fam.kernels.to_device(host_collectives.reducescatter(
-        host, op=op, name=name, prescale_factor=prescale_factor,
+        state, host, op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
 
-def alltoall(x, splits=None, name=None):
+def alltoall(state, x, splits=None, name=None):
     host, fam, err = _down(x, "alltoall")
-    _agree_error("alltoall", err)
-    res = host_collectives.alltoall(host, splits=splits, name=name)
+    _agree_error(state, "alltoall", err)
+    res = host_collectives.alltoall(state, host, splits=splits, name=name)
     if splits is None:
         return fam.kernels.to_device(res)
     return fam.kernels.to_device(res[0]), res[1]

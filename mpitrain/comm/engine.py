@@ -3,16 +3,16 @@
 Every host allreduce ends here: single calls and fusion buckets (host.py), and the overlapped
 gradient buckets on the comm thread (overlap.py). The path -- MPI_Allreduce or our ring
 (ring.py) -- follows the rule written once in docs/architecture.md ("Allreduce path"), from the
-World's settings (world.py), the same on every rank. Average is a sum, then a scale by
-postscale/N; on the ring each rank scales the chunk it completes, before the allgather (1/N of a
-pass instead of a whole one, same bits). The ring's scratch buffers belong to the World. With
-MPITRAIN_HIERARCHICAL_ALLREDUCE=1 on several nodes the same path runs in two levels
-(hierarchical.py).
+World's settings (world.py), the same on every rank. The World is an argument: the global
+set's or a process set's (process_sets.py), whichever the caller acts on. Average is a sum,
+then a scale by postscale/N; on the ring each rank scales the chunk it completes, before the
+allgather (1/N of a pass instead of a whole one, same bits). The ring's scratch buffers belong
+to the World. With MPITRAIN_HIERARCHICAL_ALLREDUCE=1 on several nodes the same path runs in
+two levels (hierarchical.py).
 """
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.comm import world
 from mpitrain.comm.hierarchical import hierarchical_allreduce
 from mpitrain.comm.ops import MPI_OPS, UFUNCS, Average, reduce_kind
 from mpitrain.comm.ring import ring_allreduce
@@ -21,9 +21,9 @@ from mpitrain.kernels import cpu
 REDUCERS = {k: (lambda d, s, _k=k: cpu.reduce_into(d, s, _k)) for k in MPI_OPS}
 
 
-def allreduce_flat(flat, op, prescale=1.0, postscale=1.0):
-    """Allreduce a contiguous 1-D host array in place: prescale, reduce, then scale."""
-    state = world.current()
+def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
+    """Allreduce a contiguous 1-D host array in place across the ranks of ``state`` (a World:
+    the global set's or a process set's): prescale, reduce, then scale."""
     settings, comm = state.settings, state.ring
     if prescale != 1.0:
         scale(flat, prescale)

@@ -12,6 +12,10 @@ truncated integer; in place, where the result would have to be stored as integer
 ValueError on every rank. Explicit factors on integer arrays scale in float64 and truncate toward
 zero (NumPy unsafe casting), as Horovod's do. Device arrays never come here: collectives.py
 sends them to device.py.
+
+Every function acts on the World it is given as ``state`` (world.py): the global set's or a
+process set's (process_sets.py); collectives.py resolves ``process_set=`` to it, so nothing here
+knows about process sets.
 """
 import math
 import pickle
@@ -19,7 +23,7 @@ import pickle
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.comm import check, world
+from mpitrain.comm import check
 from mpitrain.comm.engine import allreduce_flat, reduce_rows, scale
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, FusionBuffer, check_threshold
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
@@ -28,39 +32,38 @@ from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, firs
 
 # --- allreduce ------------------------------------------------------------------------------------
 
-def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``x`` across ranks; returns a new array (same shape and dtype) on every rank."""
     if x.__class__ is np.ndarray and x.flags.c_contiguous:
-        plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+        plan = _plan_for(state, x, op, name, prescale_factor, postscale_factor)
         if plan is not None:
             return plan.run(x, None)
     a, err = as_array(x, "allreduce")
     if a is not None and integer_average(a.dtype, op):
         a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
     out = None if a is None else np.array(a, order="C", copy=True)
-    return _allreduce_checked("allreduce", a, out, err, op, name, prescale_factor,
+    return _allreduce_checked(state, "allreduce", a, out, err, op, name, prescale_factor,
                               postscale_factor)
 
 
-def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce; returns ``x``."""
     if x.__class__ is np.ndarray:
         flags = x.flags
         if flags.c_contiguous and flags.writeable:
-            plan = _plan_for(x, op, name, prescale_factor, postscale_factor)
+            plan = _plan_for(state, x, op, name, prescale_factor, postscale_factor)
             if plan is not None:
                 return plan.run(x, x)
     a, err = as_array(x, "allreduce_", in_place=True)
     if a is not None and integer_average(a.dtype, op):
         err = err or integer_average_error("allreduce_", a.dtype)
-    return _allreduce_checked("allreduce_", a, a, err, op, name, prescale_factor,
+    return _allreduce_checked(state, "allreduce_", a, a, err, op, name, prescale_factor,
                               postscale_factor)
 
 
-def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
+def _allreduce_checked(state, kind, a, out, err, op, name, prescale, postscale):
     op_arg, pre_arg, post_arg = op, prescale, postscale
     op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
-    state = world.current()
     algo = state.settings.algorithm
     fields.update(name=name, shape=None if a is None else a.shape,
                   dtype=None if a is None else a.dtype.str, path=algo)
@@ -80,7 +83,7 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
         if factor != 1.0:
             scale(flat, factor)
     else:
-        allreduce_flat(flat, op, pre, post)
+        allreduce_flat(state, flat, op, pre, post)
     if src is not out:
         out[...] = src
     if agreement.usable and len(state.plans) < _MAX_PLANS:
@@ -90,7 +93,7 @@ def _allreduce_checked(kind, a, out, err, op, name, prescale, postscale):
         except TypeError:                               # e.g. an unhashable name: no plan
             plan_key = None
         if plan_key is not None:
-            state.plans[plan_key] = _Plan(agreement, fields, key, a, op, pre, post, inline)
+            state.plans[plan_key] = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
     return out
 
 
@@ -109,9 +112,9 @@ def _plan_key(x, op, name, prescale, postscale):
             postscale.__class__)
 
 
-def _plan_for(x, op, name, prescale, postscale):
+def _plan_for(state, x, op, name, prescale, postscale):
     try:
-        return world.current().plans.get(_plan_key(x, op, name, prescale, postscale))
+        return state.plans.get(_plan_key(x, op, name, prescale, postscale))
     except TypeError:                                   # e.g. an unhashable name: no plan
         return None
 
@@ -126,9 +129,11 @@ class _Plan:
     from the received rows in rank order. This is what brings the 4 KiB allreduce near MPI's
     own latency (docs/benchmarks.md). Results are the same bits as the general path's.
     """
-    __slots__ = ("agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor", "scale")
+    __slots__ = ("state", "agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor",
+                 "scale")
 
-    def __init__(self, agreement, fields, key, a, op, pre, post, inline):
+    def __init__(self, state, agreement, fields, key, a, op, pre, post, inline):
+        self.state = state
         self.agreement = check.Prepared(agreement, "allreduce", dict(fields), key,
                                         (a.dtype, a.shape) if inline else None)
         self.send = self.agreement.send                                 # a.shape, or None
@@ -150,7 +155,7 @@ class _Plan:
         if send is None:
             out = x.copy() if out is None else out
             self.agreement()
-            allreduce_flat(out.reshape(-1), self.op, self.pre, self.post)
+            allreduce_flat(self.state, out.reshape(-1), self.op, self.pre, self.post)
             return out
         send[...] = x
         self.agreement()
@@ -167,27 +172,26 @@ class _Plan:
         return out
 
 
-def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+def grouped_allreduce(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       fusion_threshold_bytes=None):
     """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays.
 
     fusion_threshold_bytes: bucket size limit (0 = one allreduce per array); None takes the
     settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
     """
-    return _grouped("grouped_allreduce", xs, False, op, name, prescale_factor, postscale_factor,
-                    fusion_threshold_bytes)
+    return _grouped(state, "grouped_allreduce", xs, False, op, name, prescale_factor,
+                    postscale_factor, fusion_threshold_bytes)
 
 
-def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        fusion_threshold_bytes=None):
     """In-place grouped allreduce (e.g. gradients); returns the same list."""
-    return _grouped("grouped_allreduce_", xs, True, op, name, prescale_factor, postscale_factor,
-                    fusion_threshold_bytes)
+    return _grouped(state, "grouped_allreduce_", xs, True, op, name, prescale_factor,
+                    postscale_factor, fusion_threshold_bytes)
 
 
-def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
+def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
-    state = world.current()
     arrays, errors = zip(*[as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
     arrays, errors = list(arrays), list(errors)
     for i, a in enumerate(arrays):
@@ -208,7 +212,7 @@ def _grouped(kind, xs, in_place, op, name, prescale, postscale, threshold=None):
         state.fusion = FusionBuffer(threshold)             # persistent: rebuilt on a new size
     fusion = state.fusion
     outs = list(arrays) if in_place else [np.empty(a.shape, a.dtype) for a in arrays]
-    fusion.allreduce(arrays, outs, lambda flat: allreduce_flat(flat, op, pre, post))
+    fusion.allreduce(arrays, outs, lambda flat: allreduce_flat(state, flat, op, pre, post))
     return outs
 
 
@@ -224,9 +228,8 @@ def _bytes(a):
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def allgather(x, name=None):
+def allgather(state, x, name=None):
     """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
-    state = world.current()
     comm = state.comm
     a, err = as_array(x, "allgather", min_ndim=1)
     fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
@@ -244,23 +247,22 @@ def allgather(x, name=None):
     return out
 
 
-def broadcast(x, root_rank, name=None):
+def broadcast(state, x, root_rank, name=None):
     """Return a new array holding root_rank's ``x`` on every rank."""
     a, err = as_array(x, "broadcast")
     out = None if a is None else np.array(a, order="C", copy=True)
-    return _broadcast_checked("broadcast", out, out, root_rank, name, err)
+    return _broadcast_checked(state, "broadcast", out, out, root_rank, name, err)
 
 
-def broadcast_(x, root_rank, name=None):
+def broadcast_(state, x, root_rank, name=None):
     """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
     a, err = as_array(x, "broadcast_", in_place=True)
-    return _broadcast_checked("broadcast_", a, a, root_rank, name, err)
+    return _broadcast_checked(state, "broadcast_", a, a, root_rank, name, err)
 
 
-def _broadcast_checked(kind, a, out, root_rank, name, err):
-    state = world.current()
+def _broadcast_checked(state, kind, a, out, root_rank, name, err):
     comm = state.comm
-    root, err2 = as_root(root_rank, kind, comm.Get_size())
+    root, err2 = as_root(root_rank, kind, state.members)
     fields = {"name": name, "root_rank": root, "shape": None if a is None else a.shape,
               "dtype": None if a is None else a.dtype.str}
     state.agreement("broadcast", fields, err or err2)
@@ -273,9 +275,8 @@ def _broadcast_checked(kind, a, out, root_rank, name, err):
     return out
 
 
-def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``x`` across ranks and give rank r block r of axis 0 (first len % N get +1 row)."""
-    state = world.current()
     comm = state.comm
     a, err = as_array(x, "reducescatter", min_ndim=1)
     if a is not None and integer_average(a.dtype, op):
@@ -292,7 +293,7 @@ def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_facto
     row_elems = math.prod(a.shape[1:])
     if a.dtype == np.float16 or size == 1:
         full = np.array(a, order="C", copy=True)
-        allreduce_flat(full.reshape(-1), op, pre, post)
+        allreduce_flat(state, full.reshape(-1), op, pre, post)
         return full[start:start + rows[rank]].copy()
     send = np.array(a, order="C", copy=True)
     if pre != 1.0:
@@ -306,12 +307,11 @@ def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_facto
     return out
 
 
-def alltoall(x, splits=None, name=None):
+def alltoall(state, x, splits=None, name=None):
     """Send rows splits[j] of ``x`` (in order) to rank j; returns out, or (out, received_splits).
 
     Without ``splits`` the first dimension must divide evenly by the number of ranks.
     """
-    state = world.current()
     comm = state.comm
     size = comm.Get_size()
     a, err = as_array(x, "alltoall", min_ndim=1)
@@ -347,21 +347,19 @@ def _as_splits(splits, rows, size):
     return s, None
 
 
-def barrier():
-    state = world.current()
+def barrier(state):
     state.agreement("barrier", {})
     state.comm.Barrier()
 
 
-def broadcast_object(obj, root_rank=0):
+def broadcast_object(state, obj, root_rank=0):
     """Pickle ``obj`` on root_rank and return it on every rank.
 
     Pickling happens before any message, and a failure travels to every rank as the same
     ValueError (mpi4py's bcast would raise on the root alone and leave the others waiting).
     """
-    state = world.current()
     comm = state.comm
-    root, err = as_root(root_rank, "broadcast_object", comm.Get_size())
+    root, err = as_root(root_rank, "broadcast_object", state.members)
     state.agreement("broadcast_object", {"root_rank": root}, err)
     msg = _pickled(obj, "broadcast_object") if comm.Get_rank() == root else None
     payload, error = comm.bcast(msg, root=root)
@@ -370,9 +368,8 @@ def broadcast_object(obj, root_rank=0):
     return pickle.loads(payload)
 
 
-def allgather_object(obj):
+def allgather_object(state, obj):
     """List of every rank's (picklable) ``obj``, in rank order; a pickling error raises on all."""
-    state = world.current()
     state.agreement("allgather_object", {})
     gathered = state.comm.allgather(_pickled(obj, "allgather_object"))
     errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]

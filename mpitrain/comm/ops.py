@@ -94,12 +94,17 @@ def as_factor(value, label):
     return float(value), None
 
 
-def as_root(root, kind, size):
+def as_root(root, kind, members):
+    """(the root's rank in the communicator, error): ``root`` is a rank of the global set, as in
+    Horovod; members: the communicator's ranks as global ranks (World.members: a range for the
+    global set, a list for a process set)."""
     if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)):
         return None, f"{kind}: root_rank={root!r} is not an integer"
-    if not 0 <= root < size:
-        return None, f"{kind}: root_rank={root} is out of range for {size} ranks"
-    return int(root), None
+    if int(root) not in members:
+        if isinstance(members, range):
+            return None, f"{kind}: root_rank={root} is out of range for {len(members)} ranks"
+        return None, f"{kind}: root_rank={root} is not in the process set (ranks {members})"
+    return members.index(int(root)), None
 
 
 def first_error(*errors):

@@ -2,8 +2,8 @@
 
 When one rank never reaches a collective (it skipped an allreduce, loops, or is deadlocked in
 Python), the others block in MPI with nothing on screen. Every collective's first MPI call is
-the fixed-size Allgather of ``the agreement (check.py)``, so that call alone is watched. Around it check.py
-calls ``enter(desc)`` and ``leave()``: a counter increment and two stores to module globals --
+the fixed-size Allgather of the agreement (check.py), so that call alone is watched. Around it
+check.py calls its Record's ``enter(desc)`` and ``leave()``: a counter increment and two stores --
 about 0.1 us a collective (0.18 us with a ``time.monotonic()`` per call, which is why there is
 none), no lock, no MPI call. The description (kind, fields, ...) is kept by reference; its
 ``name`` field is looked up only when someone asks. The clock is read by the thread instead: an
@@ -38,15 +38,22 @@ Protocol (the thread wakes every ``tick = min(1 s, warning/4)``):
    off (no thread). The variables should match across ranks; if they do not, nothing hangs:
    a rank without the thread is reported as "no answer".
 
-One record per process, not per thread: the agreement (check.py) shares its send and receive buffers, and the
-collectives of one communicator must be issued in the same order on every rank, so at most one
-agreement is in flight per process, whichever thread calls it. overlap.py's comm thread calls
-no agreement (its plan is agreed once, on the caller's thread) but marks each bucket allreduce
-the same way ("allreduce bucket"), and the caller makes no MPI call while buckets are in flight,
-so the record is always the one collective running. The
-tuple is replaced by one store (atomic under the GIL): the thread reads a consistent snapshot
-without a lock. The sequence number counts agreements and buckets, which every rank makes in
-the same order, so "#k" names the same collective on every rank.
+One Record per communicator (per World, world.py: the global set and each process set), not
+per thread: a World's agreement (check.py) shares its send and receive buffers, and the
+collectives of one communicator are issued in the same order on every member, so at most one
+agreement per World is in flight, whichever thread calls it (handles.py runs asynchronous
+collectives and overlap.py's buckets on one comm thread, in submission order; a blocking call
+made meanwhile queues behind them). overlap.py's buckets call no agreement (their plan is
+agreed once, on the caller's thread) but mark each bucket allreduce the same way ("allreduce
+bucket"), so the record is always the collective running. ``enter`` replaces the description
+by one store (atomic under the GIL): the thread reads a consistent snapshot without a lock.
+The sequence number counts a set's agreements and buckets, which its members make in the same
+order, so "#k" names the same collective on every member; numbers start at #1 with each World
+(each ``mt.init``, each ``add_process_set``). A stall in a process set asks only the set's
+members and names its missing ones::
+
+    mpitrain: stalled for 60 s in allreduce 'x' (collective #3 of process set 1 [0, 2]) on
+    ranks [0]; missing ranks [2] (rank 2: not in a collective, last #2)
 
 MPI from two threads needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; the ``mpich`` wheel
 grants it). Below that the thread still detects the stall on its own rank and prints the line
@@ -74,8 +81,7 @@ ANSWER_TIMEOUT_S = 2.0
 _NAME_CHARS = 80          # names are cut to this in answers: messages stay small (eager)
 
 _monotonic = time.monotonic
-_seq = 0                  # agreements entered by this process (the same count on every rank)
-_current = None           # the description of the agreement in flight, else None
+_records = {}             # process set id -> Record of this process (0: the global set)
 _round = 0                # query ids, never reset: a late answer never matches a newer query
 _watchdog = None
 _lock = threading.Lock()
@@ -84,38 +90,77 @@ Stall = namedtuple("Stall", "rank seq kind name waited_s present missing details
 Stall.__doc__ = """One stall report: this rank has waited ``waited_s`` in collective #seq.
 
 present: ranks inside the same collective (this one included), or None when no one was asked;
-missing: the other ranks; details: rank -> what it answered ("no answer" when it did not).
+missing: the other ranks of the set; details: rank -> what it answered ("no answer" when it
+did not). Ranks are ranks of the communicator mpitrain was initialised with.
 """
 
 
-# --- hot path (called by the agreement (check.py) around its Allgather) ------------------------------------
+# --- hot path (called by the agreement (check.py) around its Allgather) -------------------------
+
+class Record:
+    """The collectives of one communicator (one per World, world.py), as the thread sees them.
+
+    set_id: the process set (0: the global set); ranks: its members as ranks of the global
+    communicator. ``enter``/``leave`` are the hot path: a counter and one store each.
+    """
+
+    __slots__ = ("set_id", "ranks", "seq", "current")
+
+    def __init__(self, set_id=0, ranks=()):
+        self.set_id = set_id
+        self.ranks = list(ranks)
+        self.seq = 0              # agreements entered (the same count on every member)
+        self.current = None       # the description of the agreement in flight, else None
+
+    def enter(self, desc):
+        """This process enters an agreement; desc: (kind, fields dict or None, ...)."""
+        self.seq += 1
+        self.current = desc
+
+    def leave(self):
+        """The agreement entered last is over."""
+        self.current = None
+
+    def snapshot(self):
+        """(seq, desc or None), a consistent pair: ``enter`` may run on another thread between
+        the two reads, and then the counter has moved; the pair is reported as not in flight
+        (the next tick sees it again if it really is stuck)."""
+        seq = self.seq
+        desc = self.current
+        return (seq, desc) if self.seq == seq else (seq, None)
+
+
+def register(set_id, ranks):
+    """A fresh Record for process set ``set_id`` (numbers start at #1), watched from now on."""
+    rec = _records[set_id] = Record(set_id, ranks)
+    return rec
+
+
+def unregister(record):
+    """Stop watching ``record`` (its World was dropped)."""
+    if _records.get(record.set_id) is record:
+        del _records[record.set_id]
+
+
+def record(set_id=0):
+    """This process's Record of process set ``set_id`` (a detached one if none is registered)."""
+    rec = _records.get(set_id)
+    return rec if rec is not None else Record(set_id)
+
 
 def enter(desc):
-    """This process enters an agreement; desc: (kind, fields dict or None, ...) as in check.py."""
-    global _seq, _current
-    _seq += 1
-    _current = desc
+    """The global set's ``Record.enter`` (for callers without a World at hand)."""
+    record().enter(desc)
 
 
 def leave():
-    """The agreement entered last is over."""
-    global _current
-    _current = None
+    record().leave()
 
 
 def current():
-    """(seq, kind, name) of the agreement in flight, or None."""
-    seq, desc = _snapshot()
+    """(seq, kind, name) of the global set's agreement in flight, or None."""
+    seq, desc = record().snapshot()
     return None if desc is None else (seq, *_what(desc))
-
-
-def _snapshot():
-    """(seq, desc or None), a consistent pair: ``enter`` may run on another thread between the
-    two reads, and then the counter has moved; the pair is reported as not in flight (the next
-    tick sees it again if it really is stuck)."""
-    seq = _seq
-    desc = _current
-    return (seq, desc) if _seq == seq else (seq, None)
 
 
 def _what(desc):
@@ -125,8 +170,8 @@ def _what(desc):
 
 
 def sequence():
-    """Number of agreements this process has entered."""
-    return _seq
+    """Number of agreements this process has entered on the global set."""
+    return record().seq
 
 
 # --- start / stop -----------------------------------------------------------------------------
@@ -135,7 +180,9 @@ def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=AN
           abort=None):
     """Start this rank's watchdog on ``comm`` (collective: every rank of comm calls it).
 
-    Collective numbers start again at #1 (each rank of ``comm`` calls this once, at init).
+    One thread watches every Record registered in this process (the global set's and each
+    process set's, world.py); it asks the members of a stalled set, over a duplicate of
+    ``comm``, whose ranks process sets are given in.
     warning_s / shutdown_s: MPITRAIN_STALL_WARNING / _SHUTDOWN (CommSettings, settings.py;
     0 = off / never). report(stall): called on
     the watchdog thread with every Stall found (default: the lowest present rank prints
@@ -143,12 +190,8 @@ def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=AN
     MPI.COMM_WORLD.Abort(1)). The communicator is duplicated whenever it has more than one rank,
     even with the watchdog off, so ranks whose settings differ still make the same MPI calls.
     """
-    global _watchdog, _seq
+    global _watchdog
     stop()
-    # Numbers count this communicator's agreements from here, on every rank of it alike: an
-    # earlier communicator (a Split half of another size, say) may have left the ranks with
-    # different counts, and "#k" must name the same collective everywhere.
-    _seq = 0
     if comm.Get_size() == 1:
         return
     dup = comm.Dup()
@@ -192,8 +235,8 @@ class _Watchdog:
         limits = [s for s in (warning_s, shutdown_s) if s > 0]
         self.tick = min([1.0] + [s / 4 for s in limits])
         self.requests = []            # (request, buffer) of sends and receives in flight
-        self.last = (None, 0.0)       # (seq, time) of the last report
-        self.seen = (None, 0.0)       # (seq, time this thread first saw it in flight)
+        self.last = {}                # Record -> (seq, time) of its last report
+        self.seen = {}                # Record -> (seq, time this thread first saw it in flight)
         self.halt = threading.Event()
         self.thread = None
 
@@ -227,51 +270,63 @@ class _Watchdog:
         except Exception as exc:  # noqa: BLE001 - a monitor must never take the job down
             sys.stderr.write(f"mpitrain: stall watchdog stopped: {exc!r}\n")
 
-    def _observe(self):
-        """(seq, desc or None, seconds inside it): the agreement in flight, timed from the
-        first time this thread saw it."""
-        seq, desc = _snapshot()
+    def _observe(self, rec):
+        """(seq, desc or None, seconds inside it): ``rec``'s agreement in flight, timed from
+        the first time this thread saw it."""
+        seq, desc = rec.snapshot()
         now = _monotonic()
         if desc is None:
-            self.seen = (None, now)
+            self.seen[rec] = (None, now)
             return seq, None, 0.0
-        if self.seen[0] != seq:
-            self.seen = (seq, now)
-        return seq, desc, now - self.seen[1]
+        if self.seen.get(rec, (None,))[0] != seq:
+            self.seen[rec] = (seq, now)
+        return seq, desc, now - self.seen[rec][1]
 
     def _check(self):
-        seq, desc, waited = self._observe()
+        records = list(_records.values())
+        for gone in [r for r in self.seen if r not in records]:    # dropped Worlds
+            self.seen.pop(gone, None)
+            self.last.pop(gone, None)
+        for rec in records:
+            self._check_record(rec)
+
+    def _check_record(self, rec):
+        seq, desc, waited = self._observe(rec)
         if desc is None:
             return
         fatal = 0 < self.shutdown_s <= waited
         if not fatal:
             if waited < self.warning_s:
                 return
-            if self.last[0] == seq and _monotonic() - self.last[1] < self.warning_s:
+            last = self.last.get(rec, (None, 0.0))
+            if last[0] == seq and _monotonic() - last[1] < self.warning_s:
                 return
-        answers = self._query() if self.ask else None
-        now_seq, now_desc, waited = self._observe()
+        answers = self._query(rec) if self.ask else None
+        now_seq, now_desc, waited = self._observe(rec)
         if now_seq != seq or now_desc is None:        # it finished while we asked
             return
-        self.last = (seq, _monotonic())               # repeats are timed from the report
-        stall = make_stall(self.rank, self.size, seq, desc, waited, answers)
+        self.last[rec] = (seq, _monotonic())          # repeats are timed from the report
+        stall = make_stall(self.rank, self.size, seq, desc, waited, answers,
+                           members=rec.ranks or None, set_id=rec.set_id)
         if fatal:
             self.abort(stall)
         else:
             self.report(stall)
 
-    def _query(self):
-        """Ask every other rank where it is; rank -> answer dict (missing: no answer)."""
+    def _query(self, rec):
+        """Ask the other ranks of ``rec``'s set where they are in it; rank -> answer dict
+        (missing: no answer)."""
         global _round
         _round += 1
         qid = _round
-        query = json.dumps({"q": qid}).encode()
-        for r in range(self.size):
+        query = json.dumps({"q": qid, "set": rec.set_id}).encode()
+        members = rec.ranks or range(self.size)
+        for r in members:
             if r != self.rank:
                 self._send(query, r, QUERY_TAG)
         answers = {}
         deadline = _monotonic() + self.answer_timeout_s
-        while len(answers) < self.size - 1 and _monotonic() < deadline:
+        while len(answers) < len(members) - 1 and _monotonic() < deadline:
             self._answer()        # the other waiting ranks are asking us at the same time
             for src, msg in self._receive(REPLY_TAG):
                 if msg.get("q") == qid:
@@ -284,11 +339,15 @@ class _Watchdog:
 
     def _answer(self):
         for src, msg in self._receive(QUERY_TAG):
-            self._send(json.dumps(self._state(msg.get("q"))).encode(), src, REPLY_TAG)
+            answer = self._state(msg.get("q"), msg.get("set", 0))
+            self._send(json.dumps(answer).encode(), src, REPLY_TAG)
 
-    def _state(self, qid):
-        """This rank's answer to query ``qid``."""
-        seq, desc, waited = self._observe()
+    def _state(self, qid, set_id):
+        """This rank's answer to query ``qid`` about process set ``set_id``."""
+        rec = _records.get(set_id)
+        if rec is None:               # removed here already, or not made yet
+            return {"q": qid, "seq": 0, "in": False}
+        seq, desc, waited = self._observe(rec)
         if desc is None:
             return {"q": qid, "seq": seq, "in": False}
         kind, name = _what(desc)
@@ -344,19 +403,23 @@ class _Watchdog:
 
 # --- the report -------------------------------------------------------------------------------
 
-def make_stall(rank, size, seq, desc, waited_s, answers):
+def make_stall(rank, size, seq, desc, waited_s, answers, members=None, set_id=0):
     """A Stall: this rank has waited ``waited_s`` in agreement #seq described by ``desc``;
-    answers: rank -> answer dict from the others (None: no one was asked)."""
+    answers: rank -> answer dict from the others (None: no one was asked); members: the ranks
+    of process set ``set_id`` (default: all ``size`` ranks, the global set)."""
     kind, name = _what(desc)
+    members = list(range(size)) if members is None else list(members)
     if answers is None:
         present, missing, details = None, None, {}
     else:
         present = sorted([rank] + [r for r, a in answers.items()
                                    if a.get("in") and (a.get("seq"), a.get("kind")) == (seq, kind)])
-        missing = [r for r in range(size) if r not in present]
+        missing = [r for r in members if r not in present]
         details = {r: describe(answers.get(r)) for r in missing}
     what = kind if name is None else f"{kind} {name!r}"
-    line = f"mpitrain: stalled for {waited_s:.0f} s in {what} (collective #{seq}) "
+    where = f"collective #{seq}" if not set_id else (
+        f"collective #{seq} of process set {set_id} {members}")
+    line = f"mpitrain: stalled for {waited_s:.0f} s in {what} ({where}) "
     if present is None:
         line += (f"on rank {rank}; missing ranks unknown (MPI thread level is below "
                  f"MULTIPLE: no rank was asked)")

@@ -22,7 +22,7 @@ import threading
 from mpi4py import MPI
 
 from mpitrain import threads as thread_budget
-from mpitrain.comm import check, watchdog
+from mpitrain.comm import check, handles, watchdog
 from mpitrain.comm.settings import ENV, NODE_SIZE_NAMES, CommSettings, env_values
 
 _state = None
@@ -39,20 +39,27 @@ class World:
     above, created there on first use and dropped with this object: ``scratch`` (engine.py's
     ring scratch per dtype), ``plans`` (host.py's steady-state allreduces), ``fusion`` (the
     fusion buffer), ``device`` (device.py's GPU, transport, NCCL communicator, fusion buffer).
+    Process sets (process_sets.py): ``set_id`` (0: the global set), ``members`` (the ranks as
+    global ranks), ``record`` (the stall watchdog's Record of this communicator), and in the
+    global World ``sets`` (id -> ProcessSet added on it, each with a World of its own) and
+    ``next_set_id``.
     """
 
-    def __init__(self, comm, settings):
+    def __init__(self, comm, settings, set_id=0, global_ranks=None):
         self.comm = comm
+        self.set_id = set_id
         self.settings = settings
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         k = settings.local_size
-        if k is not None and self.size % k:
+        # a process set's emulated nodes are its members' global ones (consecutive global ranks)
+        node_rank = self.rank if global_ranks is None else list(global_ranks)[self.rank]
+        if k is not None and global_ranks is None and self.size % k:
             raise ValueError(f"{NODE_SIZE_NAMES}={k} must be >= 1 and divide the world size "
                              f"{self.size}")
         self.ring = comm.Dup()
         if k:
-            self.local = comm.Split(self.rank // k, self.rank)
+            self.local = comm.Split(node_rank // k, self.rank)
         else:
             self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.local.Get_rank()
@@ -72,13 +79,19 @@ class World:
                 print(f"mpitrain: MPITRAIN_HIERARCHICAL_ALLREDUCE=1 ignored, the allreduce stays "
                       f"flat: nodes run different numbers of ranks (rank 0's node: "
                       f"{self.local_size})", file=sys.stderr, flush=True)
-        self.agreement = check.Agreement(comm, settings.check)
+        # the ranks as global ranks (root_rank= names those, as in Horovod)
+        self.members = range(self.size) if global_ranks is None else list(global_ranks)
+        self.record = watchdog.register(set_id, self.members)
+        self.agreement = check.Agreement(comm, settings.check, self.record)
         self.scratch = {}
         self.plans = {}
         self.fusion = None
         self.device = {}
+        self.sets = {}
+        self.next_set_id = 1
 
     def free(self):
+        watchdog.unregister(self.record)
         for c in (self.ring, self.local, self.cross) + (self.node_comms or ()):
             if c != MPI.COMM_NULL:
                 c.Free()
@@ -141,11 +154,16 @@ def _agreed_settings(comm, settings):
 
 
 def shutdown():
-    """Drop mpitrain's state for its communicator: derived communicators, buffers, plans,
-    device transport, watchdog (MPI itself is finalised by mpi4py at exit)."""
+    """Drop mpitrain's state for its communicator: collectives in flight are waited for, then
+    process sets, derived communicators, buffers, plans, device transport and the watchdog go
+    (MPI itself is finalised by mpi4py at exit)."""
     global _state
     with _lock:
         if _state is not None:
+            handles.drain()
+            for process_set in list(_state.sets.values()):
+                process_set.drop()
+            _state.sets.clear()
             watchdog.stop()
             _state.free()
             _state = None

@@ -198,7 +198,8 @@ def test_overlap_buckets_take_the_hierarchical_path():
     for hierarchical in (False, True):
         with _hier(PATHS[1], hierarchical=hierarchical, local_size=2):
             buckets = overlap.BucketAllreduce(specs, 200,
-                                              lambda flat: allreduce_flat(flat, mt.Sum),
+                                              lambda flat: allreduce_flat(world.current(), flat,
+                                                                          mt.Sum),
                                               {"name": "hier overlap"})
             work = [a.copy() for a in arrays]
             for i in reversed(range(len(work))):

@@ -63,7 +63,7 @@ def test_agree_records_and_clears_the_collective():
     watchdog.enter(("allreduce", {"name": "w.y"}, None))
     assert watchdog.current() == (watchdog.sequence(), "allreduce", "w.y")
     watchdog.leave()
-    watchdog._seq -= 1           # not a real agreement: keep numbers aligned across ranks
+    watchdog.record().seq -= 1          # not a real agreement: keep numbers aligned across ranks
     assert watchdog.current() is None
     # one agreement per collective, and only when there is someone to agree with
     assert watchdog.sequence() - before == (2 if N > 1 else 0)
@@ -126,7 +126,7 @@ def test_rank_inside_another_collective_is_named(reports):
         watchdog.enter(("broadcast", {"name": "weights", "root_rank": 0}, None))
         time.sleep(LATE_S)
         watchdog.leave()
-        watchdog._seq -= 1       # it was not a real agreement: stay aligned with the others
+        watchdog.record().seq -= 1      # it was not a real agreement: stay aligned with the others
     mt.allreduce(np.ones(2), name="loss")
     mt.barrier()
     if R != 1:
