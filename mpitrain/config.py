@@ -19,11 +19,11 @@ from typing import Optional
 AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS (config imports no data)
 LR_SCHEDULES = ("constant", "step", "cosine")   # mpitrain.optim.SCHEDULES
 NORMALIZATIONS = ("fixed", "train", "none")    # mpitrain.data.NORMALIZATIONS
-MODELS = ("mlp", "lenet", "cifar_cnn")
+MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20", "resnet32", "resnet56")
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
 # Per-sample shape of each real dataset, so model/dataset mismatches fail before any data is read.
 DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-# Per-sample input shape the conv models accept (the MLP adapts its input width to the data).
+# Per-sample input shape the conv models accept (the MLP and the ResNets adapt to the data).
 MODEL_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
 ENV_PREFIX = "MPITRAIN_"
 # Older names the comm layer reads itself; honoured when the field's own variable is unset.
@@ -92,7 +92,11 @@ class Config:
     epochs: int = _opt(1, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs; a resumed run "
                                       "continues up to it")
-    batch_size: int = _opt(64, "samples per rank per step (global batch = ranks x this)")
+    batch_size: int = _opt(64, "samples per rank per backward pass (global batch = ranks x this "
+                               "x --accumulate)")
+    accumulate: int = _opt(1, "backward passes per optimizer step: gradients of K consecutive "
+                              "micro-batches of --batch-size are summed, then averaged across "
+                              "ranks once (the update of one rank with the whole global batch)")
     lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
     scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
     warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
@@ -132,6 +136,11 @@ class Config:
     metrics_json: Optional[str] = _opt(None, "append JSON-lines metrics to this file (rank 0)")
     no_progress: bool = _opt(False, "no progress bar")
     eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
+    dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
+                               "(0 = none)")
+    sync_bn: bool = _opt(False, "SyncBatchNorm: BatchNorm statistics of the global batch "
+                                "(two small allreduces per BatchNorm layer and step) instead of "
+                                "each rank's own")
     hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
                                    flag_type=parse_hidden)
     synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
@@ -154,9 +163,9 @@ class Config:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
-        at_least = {"epochs": 1, "batch_size": 1, "average_every": 1, "synthetic_samples": 1,
-                    "fusion_threshold_bytes": 0, "checkpoint_every": 0, "eval_every": 0,
-                    "threads": 0, "seed": 0}
+        at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
+                    "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
+                    "eval_every": 0, "threads": 0, "seed": 0}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
@@ -168,6 +177,8 @@ class Config:
             raise UsageError(f"--momentum {self.momentum!r}: must be in [0, 1)")
         if not self.weight_decay >= 0:
             raise UsageError(f"--weight-decay {self.weight_decay!r}: must be >= 0")
+        if not 0 <= self.dropout < 1:
+            raise UsageError(f"--dropout {self.dropout!r}: must be in [0, 1)")
         if not self.warmup_epochs >= 0:
             raise UsageError(f"--warmup-epochs {self.warmup_epochs!r}: must be >= 0")
         self._validate_recipe()

@@ -4,7 +4,7 @@ reaches the collectives through an injected reduction, resolved lazily).
 Layers fill ``Parameter.grad``; only optimizers (mpitrain.optim) write ``Parameter.data``.
 """
 from mpitrain.nn import models
-from mpitrain.nn.batchnorm import BatchNorm1d, BatchNorm2d
+from mpitrain.nn.batchnorm import BatchNorm1d, BatchNorm2d, BatchNormBase
 from mpitrain.nn.layers import (Conv2D, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear,
                                 MaxPool2D, ReLU)
 from mpitrain.nn.loss import SoftmaxCrossEntropy
@@ -16,6 +16,7 @@ from mpitrain.nn.sequential import Sequential
 from mpitrain.nn.sync_batchnorm import SyncBatchNorm
 
 __all__ = ["Parameter", "Module", "Layer", "Linear", "ReLU", "Conv2D", "MaxPool2D",
-           "GlobalAvgPool2d", "Flatten", "Dropout", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm",
+           "GlobalAvgPool2d", "Flatten", "Dropout", "BatchNorm1d", "BatchNorm2d", "BatchNormBase",
+           "SyncBatchNorm",
            "Add", "ShortcutA", "BasicBlock", "ResNet", "SoftmaxCrossEntropy", "Sequential",
            "models"]
