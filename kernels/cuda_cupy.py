@@ -4,7 +4,9 @@ The same names as kernels/cpu.py (see kernels/__init__.py for the contract). GEM
 (``cupy.matmul``; with ``accumulate`` through ``cupy.cublas.gemm`` with beta=1, so nothing is
 copied). Everything else is one ``ElementwiseKernel`` per operation, written as a gather over
 the output (im2col, col2im, layout changes, pooling), which needs no atomics and sums in a fixed
-order; only max-pool backward scatters with ``atomicAdd`` because its windows may overlap. The
+order; only max-pool backward scatters with ``atomicAdd`` because its windows may overlap.
+BatchNorm's per-channel sums are ``ReductionKernel``s over axes (0, 2) of an (N, C, L) view,
+accumulated in float64 (deterministic: CuPy reduces in a fixed tree). The
 dropout mask uses the contract's exact lowbias32 hash in 32-bit arithmetic, so masks are
 bit-identical to the CPU's. Scalars are passed in the array's dtype, so float32 work stays in
 float32 (PyTorch's choice; the CPU backend computes its scalars in float64, hence tolerances).
@@ -14,7 +16,7 @@ line saying what to install or which flag to use; the CLI turns it into exit cod
 """
 import numpy as np
 
-from mpitrain.kernels import dropout_hash, im2col_shape
+from mpitrain.kernels import dropout_hash, im2col_shape, norm_shape
 
 try:
     import cupy as cp
@@ -459,3 +461,219 @@ def reduce_into(dst, src, op):
     dst, src = _flat(dst), _flat(src)
     _same_size(dst, src, "reduce_into")
     _OPS[op](dst, src, out=dst)
+
+
+# --- Normalisation, pooling and shortcuts -------------------------------------------------------
+
+# Per-channel sums over x viewed as (N, C, L), reduced over axes (0, 2) in float64. CuPy's
+# ReductionKernel gives each channel a group of threads that stride through its values
+# (consecutive threads, consecutive addresses) and adds them in shared memory in a fixed order, so
+# the sums are deterministic; x is read once per sum (two sums: two passes over x).
+_channel_sum = cp.ReductionKernel(
+    "T x", "float64 s", "(double)x", "a + b", "s = a", "0", "mpitrain_channel_sum")
+_channel_sumsq = cp.ReductionKernel(
+    "T x", "float64 s", "(double)x * (double)x", "a + b", "s = a", "0", "mpitrain_channel_sumsq")
+# sum of grad_y * xhat; mean and invstd arrive as (1, C, 1) and broadcast over (N, C, L)
+_channel_sum_gxhat = cp.ReductionKernel(
+    "T g, T x, T mean, T invstd", "float64 s",
+    "(double)g * (((double)x - (double)mean) * (double)invstd)", "a + b", "s = a", "0",
+    "mpitrain_channel_sum_gxhat")
+_CHANNEL_AXES = (0, 2)
+
+
+def _ncl(kind, x):
+    """(N, C, L) view of a contiguous (N, C) or (N, C, H, W) array, and (N, C, L)."""
+    x = _dev(x)
+    n, c, l = norm_shape.ncl(kind, x.shape)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{kind}: array must be C-contiguous, got strides {x.strides}")
+    return x.reshape(n, c, l), (n, c, l)
+
+
+def bn_stats(x, stats):
+    x3, (_, c, _) = _ncl("bn_stats", x)                          # (N, C, L)
+    stats = _dev(stats)
+    norm_shape.stats("bn_stats", stats, c)
+    _channel_sum(x3, stats[0], axis=_CHANNEL_AXES)
+    _channel_sumsq(x3, stats[1], axis=_CHANNEL_AXES)
+
+
+_bn_moments = cp.ElementwiseKernel(
+    "float64 s0, float64 s1, float64 count, float64 eps, float64 momentum, float64 unbias",
+    "T mean, T invstd, T running_mean, T running_var",
+    """
+    double m = s0 / count;
+    double var = s1 / count - m * m;
+    var = var > 0.0 ? var : 0.0;                                // biased
+    mean = (T)m;
+    invstd = (T)(1.0 / sqrt(var + eps));
+    running_mean = (T)((1.0 - momentum) * (double)running_mean + momentum * m);
+    running_var = (T)((1.0 - momentum) * (double)running_var + momentum * var * unbias);
+    """, "mpitrain_bn_moments")
+
+_bn_eval_moments = cp.ElementwiseKernel(
+    "T running_mean, T running_var, float64 eps", "T mean, T invstd",
+    "mean = running_mean; invstd = (T)(1.0 / sqrt((double)running_var + eps))",
+    "mpitrain_bn_eval_moments")
+
+
+def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_var):
+    stats, mean, invstd = _dev(stats), _dev(mean), _dev(invstd)
+    running_mean, running_var = _dev(running_mean), _dev(running_var)
+    c = mean.size
+    norm_shape.stats("bn_moments", stats, c)
+    norm_shape.per_channel("bn_moments", c, mean=mean, invstd=invstd,
+                           running_mean=running_mean, running_var=running_var)
+    count = norm_shape.count("bn_moments", count)
+    unbias = count / (count - 1.0) if count > 1.0 else 1.0     # running_var is unbiased
+    _bn_moments(stats[0], stats[1], count, float(eps), float(momentum), unbias, mean, invstd,
+                running_mean, running_var)
+
+
+def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
+    running_mean, running_var = _dev(running_mean), _dev(running_var)
+    mean, invstd = _dev(mean), _dev(invstd)
+    norm_shape.per_channel("bn_eval_moments", mean.size, invstd=invstd,
+                           running_mean=running_mean, running_var=running_var)
+    _bn_eval_moments(running_mean, running_var, float(eps), mean, invstd)
+
+
+# x and y flat; element i is in channel (i / L) % C
+_bn_forward = cp.ElementwiseKernel(
+    "T x, raw T mean, raw T invstd, raw T weight, raw T bias, int64 l_n, int64 c_n", "T y",
+    """
+    long long c = (i / l_n) % c_n;
+    y = (x - mean[c]) * (invstd[c] * weight[c]) + bias[c];
+    """, "mpitrain_bn_forward")
+
+
+def bn_forward(x, mean, invstd, weight, bias, y):
+    x3, (_, c, l) = _ncl("bn_forward", x)
+    y = _dev(y)
+    norm_shape.same_shape("bn_forward", x.shape, y=y)
+    mean, invstd, weight, bias = _dev(mean), _dev(invstd), _dev(weight), _dev(bias)
+    norm_shape.per_channel("bn_forward", c, mean=mean, invstd=invstd, weight=weight, bias=bias)
+    _bn_forward(_flat(x3), mean, invstd, weight, bias, l, c, _flat(y))
+
+
+def bn_backward_stats(grad_y, x, mean, invstd, stats):
+    x3, (_, c, _) = _ncl("bn_backward_stats", x)                 # (N, C, L)
+    g3, _ = _ncl("bn_backward_stats", grad_y)
+    norm_shape.same_shape("bn_backward_stats", x3.shape, grad_y=g3)
+    mean, invstd, stats = _dev(mean), _dev(invstd), _dev(stats)
+    norm_shape.per_channel("bn_backward_stats", c, mean=mean, invstd=invstd)
+    norm_shape.stats("bn_backward_stats", stats, c)
+    _channel_sum(g3, stats[0], axis=_CHANNEL_AXES)
+    _channel_sum_gxhat(g3, x3, mean.reshape(1, c, 1), invstd.reshape(1, c, 1), stats[1],
+                       axis=_CHANNEL_AXES)
+
+
+_bn_param_grads = cp.ElementwiseKernel(
+    "float64 s0, float64 s1, bool accumulate", "T grad_weight, T grad_bias",
+    """
+    grad_weight = (T)(accumulate ? (double)grad_weight + s1 : s1);
+    grad_bias = (T)(accumulate ? (double)grad_bias + s0 : s0);
+    """, "mpitrain_bn_param_grads")
+
+
+def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
+    stats, grad_weight, grad_bias = _dev(stats), _dev(grad_weight), _dev(grad_bias)
+    c = grad_weight.size
+    norm_shape.stats("bn_param_grads", stats, c)
+    norm_shape.per_channel("bn_param_grads", c, grad_weight=grad_weight, grad_bias=grad_bias)
+    _bn_param_grads(stats[0], stats[1], bool(accumulate), grad_weight, grad_bias)
+
+
+# grad_x = k*g - k*s0/count - k*invstd*(s1/count)*(x - mean), k = weight*invstd: the per-channel
+# constants in double, then cast to T so that the element arithmetic stays in T
+_bn_backward_input = cp.ElementwiseKernel(
+    "T gy, T x, raw T mean, raw T invstd, raw T weight, raw float64 stats, float64 count, "
+    "int64 l_n, int64 c_n", "T gx",
+    """
+    long long c = (i / l_n) % c_n;
+    double inv = (double)invstd[c];
+    double k = (double)weight[c] * inv;
+    T c0 = (T)(k * stats[c] / count);
+    T c1 = (T)(k * inv * stats[c_n + c] / count);
+    gx = (T)k * gy - c0 - c1 * (x - mean[c]);
+    """, "mpitrain_bn_backward_input")
+
+
+def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
+    x3, (_, c, l) = _ncl("bn_backward_input", x)
+    grad_y, grad_x = _dev(grad_y), _dev(grad_x)
+    norm_shape.same_shape("bn_backward_input", x.shape, grad_y=grad_y, grad_x=grad_x)
+    mean, invstd, weight, stats = _dev(mean), _dev(invstd), _dev(weight), _dev(stats)
+    norm_shape.per_channel("bn_backward_input", c, mean=mean, invstd=invstd, weight=weight)
+    norm_shape.stats("bn_backward_input", stats, c)
+    count = norm_shape.count("bn_backward_input", count)
+    _bn_backward_input(_flat(grad_y), _flat(x3), mean, invstd, weight, stats, count, l, c,
+                       _flat(grad_x))
+
+
+# one thread per (n, c) plane, summed in double: the planes at the end of a network are small
+# (8 x 8 in ResNet-20), so a reduction per plane would idle most of its threads
+_global_avgpool_forward = cp.ElementwiseKernel(
+    "raw T x, int64 l_n", "T y",
+    """
+    double s = 0.0;
+    for (long long j = i * l_n; j < (i + 1) * l_n; ++j) s += (double)x[j];
+    y = (T)(s / l_n);
+    """, "mpitrain_global_avgpool_forward")
+
+_global_avgpool_backward = cp.ElementwiseKernel(
+    "raw T gy, int64 l_n", "T gx", "gx = (T)((double)gy[i / l_n] / l_n)",
+    "mpitrain_global_avgpool_backward")
+
+
+def global_avgpool_forward(x, y):
+    x, y = _dev(x), _dev(y)
+    _, _, l = norm_shape.pool("global_avgpool_forward", x.shape, y.shape)
+    _global_avgpool_forward(_flat(x), l, _flat(y))
+
+
+def global_avgpool_backward(grad_y, grad_x):
+    grad_y, grad_x = _dev(grad_y), _dev(grad_x)
+    _, _, l = norm_shape.pool("global_avgpool_backward", grad_x.shape, grad_y.shape)
+    _global_avgpool_backward(_flat(grad_y), l, _flat(grad_x))
+
+
+# gather over y (N, C2, OH, OW): channel c2 reads x's channel c2 - offset, or is zero
+_shortcut_forward = cp.ElementwiseKernel(
+    "raw T x, int32 c_n, int32 h_n, int32 w_n, int32 c2_n, int32 oh_n, int32 ow_n, "
+    "int32 stride, int32 offset", "T y",
+    """
+    int ow = i % ow_n, oh = (i / ow_n) % oh_n;
+    int c = (int)((i / ((long long)ow_n * oh_n)) % c2_n) - offset;
+    long long n = i / ((long long)ow_n * oh_n * c2_n);
+    y = (c >= 0 && c < c_n) ? x[((n * c_n + c) * h_n + oh * stride) * w_n + ow * stride]
+                            : (T)0;
+    """, "mpitrain_shortcut_forward")
+
+# gather over grad_x (N, C, H, W): only pixels on the stride grid received a value
+_shortcut_backward = cp.ElementwiseKernel(
+    "raw T gy, int32 c_n, int32 h_n, int32 w_n, int32 c2_n, int32 oh_n, int32 ow_n, "
+    "int32 stride, int32 offset", "T gx",
+    """
+    int w = i % w_n, h = (i / w_n) % h_n, c = (i / ((long long)w_n * h_n)) % c_n;
+    long long n = i / ((long long)w_n * h_n * c_n);
+    gx = (h % stride == 0 && w % stride == 0)
+        ? gy[((n * c2_n + c + offset) * oh_n + h / stride) * ow_n + w / stride] : (T)0;
+    """, "mpitrain_shortcut_backward")
+
+
+def shortcut_forward(x, y, stride, offset):
+    x, y = _dev(x), _dev(y)
+    stride, offset = norm_shape.shortcut("shortcut_forward", x.shape, y.shape, stride, offset)
+    _, c, h, w = x.shape
+    _, c2, oh, ow = y.shape
+    _shortcut_forward(_flat(x), c, h, w, c2, oh, ow, stride, offset, _flat(y))
+
+
+def shortcut_backward(grad_y, grad_x, stride, offset):
+    grad_y, grad_x = _dev(grad_y), _dev(grad_x)
+    stride, offset = norm_shape.shortcut("shortcut_backward", grad_x.shape, grad_y.shape,
+                                         stride, offset, names=("grad_x", "grad_y"))
+    _, c, h, w = grad_x.shape
+    _, c2, oh, ow = grad_y.shape
+    _shortcut_backward(_flat(grad_y), c, h, w, c2, oh, ow, stride, offset, _flat(grad_x))

@@ -19,3 +19,12 @@ def dev():
 def cpu():
     from mpitrain.kernels import cpu
     return cpu
+
+
+@pytest.fixture(scope="session")
+def emulated():
+    """kernels/cuda_cupy.py with its CUDA C compiled for the host (tests/support/fake_cupy.py)."""
+    from tests.support import fake_cupy
+    if not fake_cupy.compiler_available():
+        pytest.skip("no host C++ compiler (g++) to run the CuPy kernel sources")
+    return fake_cupy.load_cuda_cupy()

@@ -8,7 +8,6 @@ the GPU are covered by tests/gpu only.
 """
 import importlib.util
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -19,25 +18,6 @@ from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 from mpitrain.kernels import contract
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-
-
-@pytest.fixture(scope="module")
-def emulated():
-    if not fake_cupy.compiler_available():
-        pytest.skip("no host C++ compiler (g++) to run the CuPy kernel sources")
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = fake_cupy.module()
-    try:
-        spec = importlib.util.spec_from_file_location("cuda_cupy_emulated",
-                                                      ROOT / "kernels" / "cuda_cupy.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        if saved is None:
-            del sys.modules["cupy"]
-        else:
-            sys.modules["cupy"] = saved
-    return mod
 
 
 @pytest.mark.parametrize("name, build, tol", CASES)

@@ -11,6 +11,8 @@ them over NumPy arrays with CuPy's calling rules as we rely on them:
   is prepended.
 - RawKernel: ``kernel(grid, block, args)`` runs every (block, thread) in turn, with blockIdx /
   blockDim / threadIdx set; arrays are passed as pointers, NumPy scalars by value.
+- ReductionKernel (one output, no raw parameters): every output element folds its reduced
+  elements in index order (see the class).
 - ``atomicAdd`` is a plain add (threads run one at a time).
 The array functions (empty, matmul, copyto, add, ...) are NumPy's. What this proves: the kernels'
 index arithmetic, types and semantics match the CPU backend. What it cannot: anything about CuPy
@@ -132,6 +134,86 @@ class ElementwiseKernel:
             + "\n  {\n" + self.operation + ";\n  }\n}\n")
 
 
+class ReductionKernel:
+    """CuPy's ReductionKernel for one output: ``kernel(*ins, out, axis=...)`` or ``out=``.
+
+    Each output element starts from ``identity`` and folds the ``map_expr`` of every reduced
+    element with ``reduce_expr`` (``a``, ``b``) in index order, then runs ``post_map_expr`` with
+    ``a``; non-raw inputs broadcast, scalars are converted to their declared type. (CuPy's
+    own order is a tree within each thread group: for float64 sums of a few hundred values the
+    difference is rounding.)"""
+
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
+                 name="reduce_kernel", reduce_type=None, preamble="", **_):
+        self.ins, self.outs = _params(in_params), _params(out_params)
+        if len(self.outs) != 1 or any(raw for raw, _, _ in self.ins + self.outs):
+            raise NotImplementedError(f"{name}: one output and no raw parameters emulated")
+        self.map_expr, self.reduce_expr, self.post_map_expr = map_expr, reduce_expr, post_map_expr
+        self.identity, self.name, self.preamble = identity, name, preamble
+        self.reduce_type = reduce_type
+
+    def __call__(self, *args, out=None, axis=None, keepdims=False):
+        if keepdims:
+            raise NotImplementedError(f"{self.name}: keepdims is not emulated")
+        if len(args) == len(self.ins) + 1 and out is None:
+            args, out = args[:-1], args[-1]
+        if len(args) != len(self.ins) or not isinstance(out, np.ndarray):
+            raise TypeError(f"{self.name}: {len(self.ins)} inputs and an output array expected")
+        t = next((a.dtype for (_, typ, _), a in zip(self.ins, args)
+                  if typ == "T" and isinstance(a, np.ndarray)), None)
+        shape = np.broadcast_shapes(*[a.shape for a in args if isinstance(a, np.ndarray)])
+        axes = tuple(range(len(shape))) if axis is None else tuple(
+            sorted(d % len(shape) for d in ((axis,) if isinstance(axis, int) else axis)))
+        kept = [d for d in range(len(shape)) if d not in axes]
+        out_shape = tuple(shape[d] for d in kept)
+        out_type = t if self.outs[0][1] == "T" else np.dtype(self.outs[0][1])
+        if out.shape != out_shape or out.dtype != out_type or not out.flags.c_contiguous:
+            raise ValueError(f"{self.name}: output must be C-contiguous {out_type} of shape "
+                             f"{out_shape}, got {out.dtype} {out.shape}")
+        n_out, n_red = math.prod(out_shape), math.prod(shape[d] for d in axes)
+        keep, ptrs, decls = [], [], []
+        for k, ((_, typ, name), a) in enumerate(zip(self.ins, args)):
+            dtype = t if typ == "T" else np.dtype(typ)
+            ctype = _CTYPE[dtype.name]
+            if isinstance(a, np.ndarray):
+                if a.dtype != dtype:
+                    raise TypeError(f"{self.name}: {name} is {a.dtype}, expected {dtype}")
+                # (outputs..., reduced...) so that element (o, r) is at o * n_red + r
+                buf = np.ascontiguousarray(np.broadcast_to(a, shape).transpose(kept + list(axes)))
+                decls.append(f"const {ctype} {name} = (({ctype}*)_args[{k}])[_o * _n_red + _r];")
+            else:
+                buf = np.array([a], dtype=dtype)
+                decls.append(f"const {ctype} {name} = *({ctype}*)_args[{k}];")
+            keep.append(buf)
+            ptrs.append(buf.ctypes.data)
+        res = np.empty(out_shape, out_type)
+        keep.append(res)
+        ptrs.append(res.ctypes.data)
+        octype, oname = _CTYPE[out_type.name], self.outs[0][2]
+        rtype = self.reduce_type or octype
+        body = (f"typedef {_CTYPE[t.name] if t is not None else 'float'} T;\n" + self.preamble
+                + f"\n#define REDUCE(a, b) ({self.reduce_expr})\n"
+                + f"#define POST_MAP(a) ({self.post_map_expr})\ntypedef {rtype} _type_reduce;\n")
+        loop = ("    _type_reduce _s = _type_reduce(" + self.identity + ");\n"
+                "    for (long long _r = 0; _r < _n_red; ++_r) {\n      " + "\n      ".join(decls)
+                + f"\n      _type_reduce _a = static_cast<_type_reduce>({self.map_expr});\n"
+                "      _s = REDUCE(_s, _a);\n    }\n"
+                f"    {octype}& {oname} = (({octype}*)_args[{len(self.ins)}])[_o];\n"
+                "    POST_MAP(_s);\n")
+        source = (_PRELUDE + body + '\nextern "C" void run(long long _n_out, long long _n_red, '
+                  "void** _args) {\n  for (long long _o = 0; _o < _n_out; ++_o) {\n" + loop
+                  + "  }\n}\n")
+        _compile(source).run(ctypes.c_longlong(n_out), ctypes.c_longlong(n_red),
+                             (ctypes.c_void_p * len(ptrs))(*ptrs))
+        out[...] = res
+        # the same reduction as CUDA device code (one thread per output), for nvcc_check()
+        DEVICE_SOURCES.setdefault(
+            source, body + "\n__global__ void run(long long _n_out, long long _n_red, "
+            "void** _args) {\n  long long _o = blockIdx.x * (long long)blockDim.x + threadIdx.x;"
+            "\n  if (_o >= _n_out) return;\n" + loop + "}\n")
+        return out
+
+
 class RawKernel:
     def __init__(self, code, name, **_):
         self.name = name
@@ -174,10 +256,32 @@ def module():
     cp.asarray = np.asarray
     cp.asnumpy = lambda a: np.array(a, copy=True)
     cp.ElementwiseKernel, cp.RawKernel = ElementwiseKernel, RawKernel
+    cp.ReductionKernel = ReductionKernel
     cp.cuda = types.SimpleNamespace(
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
         get_current_stream=lambda: _Stream())
     return cp
+
+
+def load_cuda_cupy():
+    """kernels/cuda_cupy.py imported against this module (under another name, so the real
+    mpitrain.kernels.cuda_cupy stays untouched); sys.modules['cupy'] is restored afterwards."""
+    import importlib.util
+    import pathlib
+    import sys
+    path = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "cuda_cupy.py"
+    saved = sys.modules.get("cupy")
+    sys.modules["cupy"] = module()
+    try:
+        spec = importlib.util.spec_from_file_location("cuda_cupy_emulated", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        if saved is None:
+            del sys.modules["cupy"]
+        else:
+            sys.modules["cupy"] = saved
+    return mod
 
 
 def nvcc():

@@ -134,6 +134,78 @@ def _cases():
     c.append(("reduce_into-sum-float16", "reduce_into",
               lambda g: [_r(g, 33).astype(np.float16), _r(g, 33).astype(np.float16), "sum"],
               EXACT))
+    c += _norm_cases()
+    return c
+
+
+def _norm_cases():
+    """BatchNorm, global average pooling and the option-A shortcut (issue 11). The (N, C, H, W)
+    shape has 75 values per channel: two chunks of the simulated per-channel sums (2 x 32)."""
+    c = []
+    for shape, dt in ((s, dt) for s in ((3, 4, 5, 5), (7, 3)) for dt in (np.float32, np.float64)):
+        tag = f"{len(shape)}d-{np.dtype(dt).name}"
+        tol = F32 if dt == np.float32 else F64
+        ch = shape[1]
+
+        def batch(g, shape=shape, dt=dt):
+            """x, and its per-channel mean and 1/std (what bn_moments makes of its stats)."""
+            x = _r(g, *shape, dtype=dt) * 2 + 1                 # (N, C[, H, W])
+            axes = (0,) + tuple(range(2, x.ndim))
+            return x, x.mean(axis=axes).astype(dt), (1 / x.std(axis=axes)).astype(dt)
+
+        def forward(g, batch=batch, ch=ch, dt=dt):
+            x, mean, invstd = batch(g)
+            return [x, mean, invstd, _r(g, ch, dtype=dt), _r(g, ch, dtype=dt), np.zeros_like(x)]
+
+        def backward_stats(g, batch=batch, ch=ch):
+            x, mean, invstd = batch(g)
+            return [_r(g, *x.shape, dtype=x.dtype), x, mean, invstd, np.zeros((2, ch))]
+
+        def backward_input(g, batch=batch, ch=ch, dt=dt):
+            x, mean, invstd = batch(g)
+            stats = _r(g, 2, ch, dtype=np.float64) * 10         # (2, C) sums of g, g * xhat
+            return [_r(g, *x.shape, dtype=dt), x, mean, invstd, _r(g, ch, dtype=dt), stats,
+                    x.size // ch, np.zeros_like(x)]
+        c.append((f"bn_stats-{tag}", "bn_stats",
+                  lambda g, shape=shape, dt=dt: [_r(g, *shape, dtype=dt) + 3,
+                                                 np.zeros((2, shape[1]))], F64))
+        c.append((f"bn_forward-{tag}", "bn_forward", forward, tol))
+        c.append((f"bn_backward_stats-{tag}", "bn_backward_stats", backward_stats,
+                  dict(rtol=1e-9, atol=1e-9)))
+        c.append((f"bn_backward_input-{tag}", "bn_backward_input", backward_input,
+                  dict(rtol=1e-4, atol=1e-5) if dt == np.float32 else F64))
+    for dt in (np.float32, np.float64):
+        tol = F32 if dt == np.float32 else F64
+        name = np.dtype(dt).name
+        for count in (75, 1):                                   # 1: running_var takes var
+            c.append((f"bn_moments-{name}-count{count}", "bn_moments",
+                      lambda g, dt=dt, count=count: [
+                          np.abs(_r(g, 2, 5, dtype=np.float64)) * count, count, 1e-5, 0.1,
+                          _r(g, 5, dtype=dt), _r(g, 5, dtype=dt), _r(g, 5, dtype=dt),
+                          np.abs(_r(g, 5, dtype=dt))], tol))
+        c.append((f"bn_eval_moments-{name}", "bn_eval_moments",
+                  lambda g, dt=dt: [_r(g, 5, dtype=dt), np.abs(_r(g, 5, dtype=dt)), 1e-5,
+                                    _r(g, 5, dtype=dt), _r(g, 5, dtype=dt)], tol))
+        for acc in (False, True):
+            c.append((f"bn_param_grads-{name}-acc{int(acc)}", "bn_param_grads",
+                      lambda g, dt=dt, acc=acc: [_r(g, 2, 5, dtype=np.float64),
+                                                 _r(g, 5, dtype=dt), _r(g, 5, dtype=dt), acc],
+                      tol))
+        c.append((f"global_avgpool_forward-{name}", "global_avgpool_forward",
+                  lambda g, dt=dt: [_r(g, 3, 4, 5, 6, dtype=dt), _r(g, 3, 4, dtype=dt)], tol))
+        c.append((f"global_avgpool_backward-{name}", "global_avgpool_backward",
+                  lambda g, dt=dt: [_r(g, 3, 4, dtype=dt), _r(g, 3, 4, 5, 6, dtype=dt)], tol))
+    for stride, offset, c2 in ((1, 0, 4), (2, 2, 8), (2, 0, 5), (3, 1, 6)):
+        def shortcut(g, stride=stride, offset=offset, c2=c2):
+            oh, ow = -(-5 // stride), -(-6 // stride)            # odd H: ceil keeps the edge
+            return [_r(g, 2, 4, 5, 6), _r(g, 2, c2, oh, ow), stride, offset]
+
+        def shortcut_bw(g, shortcut=shortcut):
+            x, y, stride, offset = shortcut(g)
+            return [y, x, stride, offset]
+        tag = f"s{stride}-o{offset}-c{c2}"
+        c.append((f"shortcut_forward-{tag}", "shortcut_forward", shortcut, EXACT))
+        c.append((f"shortcut_backward-{tag}", "shortcut_backward", shortcut_bw, EXACT))
     return c
 
 
