@@ -415,6 +415,11 @@ def nchw_to_nhwc(src, dst):
                 row[c] = inp[n, c, p]
 
 
+# Outside the contract: Conv2D's own path on this backend (one image at a time, NCHW out of the
+# GEMMs, fused bias/ReLU; 1.4x faster on LeNet's step). The kernels above stay for the contract.
+from mpitrain.kernels.cpu_conv import conv2d_backward, conv2d_forward  # noqa: E402,F401
+
+
 # Pooling and dropout -----------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, parallel=True)

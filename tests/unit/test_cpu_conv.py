@@ -1,0 +1,117 @@
+"""The CPU's own convolution (kernels/cpu_conv.py) against a NumPy reference and against Conv2D's
+contract path (im2col + GEMM + transposes), on small shapes covering both column layouts."""
+import types
+
+import numpy as np
+import pytest
+
+from mpitrain import kernels
+from mpitrain.kernels import cpu_conv
+from mpitrain.nn import Conv2D
+
+k = kernels.get("cpu")
+
+# (N, C, H, W, OC, K, stride, pad): stride 1 with padding takes the wide layout, stride 2, no
+# padding with a big kernel, and 1x1 take the per-row layout (checked by the first test).
+SHAPES = [
+    (3, 2, 7, 6, 4, 3, 1, 1),
+    (2, 1, 8, 8, 3, 5, 1, 2),
+    (2, 3, 9, 8, 5, 3, 2, 1),
+    (2, 2, 5, 7, 3, 3, 1, 0),
+    (1, 2, 6, 6, 3, 1, 1, 0),
+    (2, 2, 6, 5, 3, 3, 3, 2),
+    (2, 2, 4, 4, 3, 5, 1, 4),
+]
+
+
+def reference(x, w, b, stride, pad, relu, grad_y):
+    """Direct loops over output pixels: y, dW, db, dx in float64."""
+    n, c, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    xp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
+    xp[:, :, pad:pad + h, pad:pad + wd] = x
+    oh, ow = grad_y.shape[2], grad_y.shape[3]
+    y = np.zeros((n, oc, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            y[:, :, i, j] = np.einsum("nckl,ockl->no", patch, w) + (0 if b is None else b)
+    g = grad_y * (y > 0) if relu else grad_y
+    y = np.maximum(y, 0) if relu else y
+    dw, dxp = np.zeros(w.shape), np.zeros(xp.shape)
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            dw += np.einsum("no,nckl->ockl", g[:, :, i, j], patch)
+            dxp[:, :, i * stride:i * stride + kh, j * stride:j * stride + kw] += np.einsum(
+                "no,ockl->nckl", g[:, :, i, j], w)
+    return y, dw, g.sum(axis=(0, 2, 3)), dxp[:, :, pad:pad + h, pad:pad + wd]
+
+
+def test_both_layouts_are_covered():
+    wide = [cpu_conv._use_wide(w, kk, s, p) for _, _, _, w, _, kk, s, p in SHAPES]
+    assert any(wide) and not all(wide)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_forward_backward_against_reference(shape, relu, dtype):
+    n, c, h, w, oc, ks, stride, pad = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((oc, c, ks, ks)).astype(dtype)
+    b = rng.standard_normal(oc).astype(dtype)
+    oh, ow = (h + 2 * pad - ks) // stride + 1, (w + 2 * pad - ks) // stride + 1
+    grad_y = rng.standard_normal((n, oc, oh, ow)).astype(dtype)
+    want_y, want_dw, want_db, want_dx = reference(x, wt, b, stride, pad, relu, grad_y)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
+
+    y = np.full((n, oc, oh, ow), np.nan, dtype)
+    k.conv2d_forward(x, wt, b, y, stride, pad, relu)
+    np.testing.assert_allclose(y, want_y, **tol)
+    dw, db, dx = np.full(wt.shape, 0.5, dtype), np.full(oc, 0.25, dtype), np.full(x.shape, 9, dtype)
+    k.conv2d_backward(x, wt, y, grad_y, stride, pad, relu, dw, True, db, dx)   # accumulates
+    np.testing.assert_allclose(dw, want_dw + 0.5, **tol)
+    np.testing.assert_allclose(db, want_db + 0.25, **tol)
+    np.testing.assert_allclose(dx, want_dx, **tol)
+    # overwrite, no bias, no input gradient
+    y_nb = np.empty_like(y)
+    k.conv2d_forward(x, wt, None, y_nb, stride, pad, relu)
+    want_nb = reference(x, wt, None, stride, pad, relu, grad_y)
+    np.testing.assert_allclose(y_nb, want_nb[0], **tol)
+    dw[...] = np.nan
+    k.conv2d_backward(x, wt, y_nb, grad_y, stride, pad, relu, dw, False, None, None)
+    np.testing.assert_allclose(dw, want_nb[1], **tol)
+
+
+def test_gemm_shapes_count_the_work():
+    plan = cpu_conv.gemm_shapes((64, 32, 14, 14), (64, 32, 5, 5), 1, 2)
+    # wide rows of 14 + 2 columns: 14 * 16 GEMM columns per image
+    assert plan == [((64, 800), (800, 224), False, False, (64, 224), 64),
+                    ((800, 224), (64, 224), False, True, (800, 64), 64),
+                    ((64, 800), (64, 224), True, False, (800, 224), 64)]
+    assert len(cpu_conv.gemm_shapes((2, 3, 9, 8), (5, 3, 3, 3), 2, 1, input_grad=False)) == 2
+
+
+def contract_only():
+    """The CPU backend without its own convolution: Conv2D takes the contract path."""
+    names = {n: getattr(k, n) for n in dir(k) if not n.startswith("conv2d_")}
+    return types.SimpleNamespace(**names)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_layer_same_as_contract_path(bias):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4, 9, 9)).astype(np.float64)
+    layers = [Conv2D(4, 6, 3, padding=1, relu=True, seed=5, dtype=np.float64, kernels=kk,
+                     bias=bias) for kk in (k, contract_only())]
+    outs = [layer.forward(x).copy() for layer in layers]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    grad_y = rng.standard_normal(outs[0].shape)
+    grads = [layer.backward(grad_y) for layer in layers]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+    for (name, p0), (_, p1) in zip(layers[0].named_parameters(), layers[1].named_parameters()):
+        np.testing.assert_allclose(p0.grad, p1.grad, rtol=1e-12, atol=1e-12, err_msg=name)
+    assert layers[1].backward(grad_y, need_input_grad=False) is None
+    assert layers[0].backward(grad_y, need_input_grad=False) is None
