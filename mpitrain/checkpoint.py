@@ -1,14 +1,17 @@
 """Checkpoints: one ``.npz`` per save, atomic, checksummed, with no per-rank state and no pickle.
 
 What a checkpoint holds is exactly what every rank agrees on after a synchronised step: the
-parameters (keyed by name), the optimizer state, and a JSON ``meta`` record (step, epoch, position
+parameters and buffers (keyed by name), the optimizer state, and a JSON ``meta`` record (step, epoch, position
 in the epoch's permutation, seed, model, ...). Nothing in it depends on the number of ranks, so a
 job resumes on any N.
 
     ckpt-00000120.npz
         __meta__       0-d unicode array: JSON (step, epoch, ..., the optimizer state's layout)
         __checksum__   0-d unicode array: sha256 over every other entry (name, dtype, shape, bytes)
-        param/<name>   parameter arrays in the model's declared order
+        param/<name>   the model's state_dict(): parameters, then buffers (BatchNorm running
+                       statistics), in the model's declared order; a model whose keys differ
+                       (a checkpoint without running statistics into a model with BatchNorm,
+                       or the reverse) refuses it naming the missing and unexpected keys
         optim/<i>      the optimizer state's arrays; its numbers and nesting live in __meta__
 
 Writes are atomic: a temporary file in the same folder, flushed and fsynced, then ``os.replace``d
