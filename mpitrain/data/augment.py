@@ -15,9 +15,11 @@ drawn twice in one epoch (``drop_last=False`` wrap-around) gets the same crop an
     h = mix64(key(seed, epoch) ^ mix64(index))     mix64 = splitmix64's finaliser (uint64)
     dy = (bits 40..63 of h) * (2P + 1) >> 24       dx from bits 16..39, flip = bit 0
 
-Multiply-shift maps 24 random bits onto 2P + 1 offsets (bias below 2P / 2^24). The whole batch is
-a few vectorised NumPy operations (hash, then one gather from the padded batch): about 0.3 ms for
-64 Fashion-MNIST samples, 0.8 ms for 64 CIFAR-10 ones, one thread (docs/benchmarks.md).
+Multiply-shift maps 24 random bits onto 2P + 1 offsets (bias below 2P / 2^24). The hash is
+vectorised over the batch; the copy is one slice assignment per sample straight from the unpadded
+image into an output pre-filled with the padding (no padded copy): about 0.15 ms per 64
+Fashion-MNIST samples and 0.9 ms per 64 CIFAR-10 ones, one thread, where one fancy-index gather
+from a padded batch took 1.1 ms and 11 ms (benchmarks/augment.py, docs/benchmarks.md).
 """
 import numpy as np
 
@@ -55,8 +57,9 @@ class Augment:
     crop_padding: P pixels each side (0: no crop); must be < H and < W.
     flip: mirror left-right with probability 1/2.
     seed: the job's seed (the same on every rank).
-    fill: value of the padding per channel (C,) or a scalar; the Dataset's ``fill`` is the
-        normalised value of a black pixel, which is what torchvision pads with before Normalize.
+    fill: value of the padding per channel (C,) or a scalar (None: 0); the Dataset's ``fill`` is
+        the normalised value of a black pixel, which is what torchvision pads with before
+        Normalize.
     """
 
     def __init__(self, crop_padding=0, flip=False, seed=0, fill=0.0):
@@ -64,7 +67,7 @@ class Augment:
             raise ValueError(f"crop padding must be an int >= 0, got {crop_padding!r}")
         self.padding, self.flip = int(crop_padding), bool(flip)
         self.seed = int(seed)
-        self.fill = np.asarray(fill, np.float32)  # () or (C,)
+        self.fill = np.asarray(0.0 if fill is None else fill, np.float32)  # () or (C,)
 
     @property
     def active(self):
@@ -93,14 +96,17 @@ class Augment:
             raise ValueError(f"crop padding {p} does not fit {h}x{w} images "
                              f"(must be < {min(h, w)})")
         dy, dx, flipped = self.choices(indices, epoch)
-        padded = np.empty((b, c, h + 2 * p, w + 2 * p), np.float32)        # (b, C, H+2P, W+2P)
-        if p:
-            padded[...] = np.broadcast_to(self.fill, (c,)).reshape(1, c, 1, 1)
-        padded[:, :, p:p + h, p:p + w] = images
-        cols = dx[:, None] + np.arange(w)                                  # (b, W)
-        cols = np.where(flipped[:, None], cols[:, ::-1], cols)             # flip after the crop
-        rows = dy[:, None] + np.arange(h)                                  # (b, H)
-        flat = rows[:, :, None] * (w + 2 * p) + cols[:, None, :]           # (b, H, W)
-        windows = np.take_along_axis(padded.reshape(b, c, -1),             # (b, C, H*W)
-                                     flat.reshape(b, 1, h * w), axis=2)
-        return windows.reshape(b, c, h, w)                                 # (b, C, H, W)
+        out = np.empty((b, c, h, w), np.float32)                           # (b, C, H, W)
+        out[...] = np.broadcast_to(self.fill, (c,)).reshape(1, c, 1, 1)    # the padding
+        for i in range(b):
+            # The window starts (oy, ox) pixels into the unpadded image; [y0, y1) x [x0, x1) is
+            # the part of the output that lies inside it, the rest stays padding.
+            oy, ox = int(dy[i]) - p, int(dx[i]) - p
+            y0, y1 = max(0, -oy), min(h, h - oy)
+            x0, x1 = max(0, -ox), min(w, w - ox)
+            inside = images[i, :, y0 + oy:y1 + oy, x0 + ox:x1 + ox]        # (C, y1-y0, x1-x0)
+            if flipped[i]:  # flip after the crop: output column x shows window column W-1-x
+                out[i, :, y0:y1, w - x1:w - x0] = inside[:, :, ::-1]
+            else:
+                out[i, :, y0:y1, x0:x1] = inside
+        return out

@@ -19,16 +19,19 @@ def reference(images, dy, dx, flipped, padding, fill):
 
 
 @pytest.mark.parametrize("shape,padding", [((64, 1, 28, 28), 2), ((16, 3, 32, 32), 4),
-                                           ((5, 2, 7, 9), 3), ((4, 1, 5, 5), 0)])
+                                           ((5, 2, 7, 9), 3), ((4, 1, 5, 5), 0),
+                                           ((1000, 2, 6, 5), 3), ((1000, 1, 4, 4), 3)])
 def test_crop_flip_match_the_reference(shape, padding):
     rng = np.random.default_rng(1)
     images = rng.standard_normal(shape, dtype=np.float32)
     before = images.copy()
     fill = rng.standard_normal(shape[1]).astype(np.float32)
     aug = mt.data.Augment(padding, flip=True, seed=7, fill=fill)
-    idx = rng.choice(1000, shape[0], replace=False)
+    idx = rng.choice(10 ** 6, shape[0], replace=False)
     out = aug(images, idx, epoch=3)
     dy, dx, flipped = aug.choices(idx, 3)
+    if shape[0] >= 1000:  # every offset pair, flipped and not, meets the reference
+        assert len(set(zip(dy, dx, flipped))) == 2 * (2 * padding + 1) ** 2
     np.testing.assert_array_equal(out, reference(images, dy, dx, flipped, padding, fill))
     np.testing.assert_array_equal(images, before)           # the dataset is never modified
     assert out.dtype == np.float32 and out.shape == shape
@@ -126,3 +129,8 @@ def test_bad_arguments():
 def test_default_crop_padding():
     assert mt.data.default_crop_padding((1, 28, 28)) == 2
     assert mt.data.default_crop_padding((3, 32, 32)) == 4
+
+
+def test_fill_none_pads_with_zero():
+    out = mt.data.Augment(1, fill=None)(np.ones((50, 1, 3, 3), np.float32), np.arange(50), 0)
+    assert set(np.unique(out)) == {0.0, 1.0}
