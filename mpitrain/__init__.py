@@ -32,6 +32,9 @@ from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_o
 # Evaluation (evaluation.py): every test sample scored once, counts summed across ranks.
 from mpitrain.evaluation import evaluate
 
+# The timeline switched on and off at run time (tracing.py; --timeline does a whole CLI run).
+from mpitrain.tracing import start_timeline, stop_timeline
+
 # Model side (no MPI inside): layers, models, optimizers, datasets.
 from mpitrain import data, nn, optim
 from mpitrain.nn import models
@@ -52,7 +55,7 @@ __all__ = [
     "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
     # training
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",
-    "evaluate",
+    "evaluate", "start_timeline", "stop_timeline",
     # model side
     "nn", "optim", "data", "models",
 ]

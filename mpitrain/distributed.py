@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from mpitrain.accumulation import PassCount
 from mpitrain.comm import collectives, overlap
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.engine import allreduce_flat
@@ -87,7 +88,12 @@ def _writable_arrays(params):
 # --- Horovod-style optimizer wrapper and PNNL weight averaging -----------------------------------
 
 class Compressor:
-    """How gradients travel: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``."""
+    """A built-in compression: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``.
+
+    It also speaks Horovod's protocol (``compress(array) -> (array, ctx)``,
+    ``decompress(array, ctx) -> array``), but DistributedOptimizer does not call it: it casts
+    into persistent wire buffers (or inside the overlap buckets) instead of allocating per step.
+    """
 
     def __init__(self, name, wire):
         self.name = name
@@ -96,16 +102,37 @@ class Compressor:
     def wire_dtype(self, dtype):
         return np.dtype(self._wire.get(np.dtype(dtype), dtype))
 
+    def compress(self, array):
+        wire = self.wire_dtype(array.dtype)
+        return (array if wire == array.dtype else array.astype(wire)), array.dtype
+
+    def decompress(self, array, ctx):
+        return array if array.dtype == ctx else array.astype(ctx)
+
     def __repr__(self):
         return f"mt.Compression.{self.name}"
 
 
 class Compression:
     """``none``: gradients travel as they are; ``fp16``: float32 travels as float16 (half the bytes,
-    ~3 significant digits; restored to float32 after the average)."""
+    ~3 significant digits; restored to float32 after the average).
+
+    Any other object with Horovod's protocol is accepted too (a class with static methods, as in
+    Horovod, or an instance): ``compress(array) -> (wire_array, ctx)`` on each gradient,
+    the wire arrays averaged across ranks (fused, like the gradients themselves), then
+    ``decompress(wire_array, ctx) -> array`` of the gradient's shape, written back into ``.grad``.
+    Wire arrays must have the same shape and dtype on every rank (else CollectiveError on every
+    rank); such a compressor runs after backward (no overlap with it).
+    """
 
     none = Compressor("none", {})
     fp16 = Compressor("fp16", {np.dtype(np.float32): np.dtype(np.float16)})
+
+
+def is_compressor(obj):
+    """True for mt.Compression.none/.fp16 and any object with compress() and decompress()."""
+    return (isinstance(obj, Compressor) or (callable(getattr(obj, "compress", None))
+                                            and callable(getattr(obj, "decompress", None))))
 
 
 AVERAGE_MODES = ("gradients", "weights")
@@ -134,11 +161,22 @@ class DistributedOptimizer:
     takes the settings' MPITRAIN_FUSION_THRESHOLD, once, here (default 4 MiB with overlap, else
     64 MiB).
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
+
+    ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
+    whose gradients are summed locally (scale the loss by 1/k for their mean) and, in gradients
+    mode, averaged across ranks once, during the k-th pass (overlapped with it). The hook counts
+    the passes (needed for k > 1); ``step()`` at another count raises ValueError (on every rank:
+    for k > 1 the count is agreed after the average) and drops the accumulated gradients.
+    ``with opt.no_sync():`` (PyTorch's idiom) passes inside add to the gradients without being
+    counted or averaged; the next pass outside averages them all. In weights mode the k passes
+    make one local step (nothing is sent per pass anyway; the weights are still averaged every
+    ``average_every`` steps) and the count is checked on each rank alone.
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
                  average_every=1, fusion_threshold_bytes=None, overlap=True,
+                 backward_passes_per_step=1,
                  process_set=global_process_set):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
@@ -147,11 +185,18 @@ class DistributedOptimizer:
         if isinstance(average_every, bool) or not isinstance(average_every, (int, np.integer)) \
                 or average_every < 1:
             raise ValueError(f"average_every {average_every!r}: expected an integer >= 1")
+        if isinstance(backward_passes_per_step, bool) \
+                or not isinstance(backward_passes_per_step, (int, np.integer)) \
+                or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step {backward_passes_per_step!r}: expected "
+                             f"an integer >= 1")
         if not gradient_predivide_factor > 0:
             raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r}: "
                              f"must be > 0")
-        if not isinstance(compression, Compressor):
-            raise ValueError(f"compression {compression!r}: use mt.Compression.none or .fp16")
+        if not is_compressor(compression):
+            raise ValueError(f"compression {compression!r}: expected mt.Compression.none, "
+                             f".fp16 or an object with compress(array) -> (array, ctx) and "
+                             f"decompress(array, ctx) -> array")
         if average == "weights" and compression is not Compression.none:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
@@ -176,6 +221,8 @@ class DistributedOptimizer:
         # Sequential is the order backward finishes them
         n = len(self.params)
         self._slot = {id(p): n - 1 - i for i, p in enumerate(self.params)}
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._passes = PassCount(n, self.backward_passes_per_step)
 
     # -- the inner optimizer's surface --
     @property
@@ -191,6 +238,13 @@ class DistributedOptimizer:
         self.optimizer.lr = value
 
     def zero_grad(self):
+        """Zero every gradient; a partial accumulation is dropped (counting starts again)."""
+        if self._buckets is not None and self._buckets.pending():
+            # averages already running (the k-th pass happened, no step): let them finish, as
+            # every rank's do, before the gradients they write into are zeroed
+            self._buckets.finish([p.grad for p in reversed(self.params)])
+        self._passes.reset()
+        self._synchronized = False
         self.optimizer.zero_grad()
 
     def state_dict(self):
@@ -208,24 +262,30 @@ class DistributedOptimizer:
         fixed buckets (reverse layer order, ``fusion_threshold_bytes`` each, the same plan on
         every rank); a bucket's allreduce starts on the communication thread as soon as all of
         its gradients were reported, and ``synchronize()`` (called by ``step()``) waits for them.
-        Otherwise this does nothing and ``synchronize()`` averages everything. One backward per
-        step: to accumulate gradients over several backward passes, leave the hook out. Between
-        this hook and ``step()`` the caller must make no MPI calls (the comm thread owns MPI).
+        Otherwise it only counts and ``synchronize()`` averages everything. With
+        ``backward_passes_per_step=k`` a gradient's average starts at its k-th report, and
+        reports inside ``no_sync()`` are not counted (accumulation.py). Between this hook and
+        ``step()`` the caller must make no MPI calls (the comm thread owns MPI).
         """
         buckets = self._bucket_allreduce()
-        if buckets is None:
-            return
         for p in params:
             slot = self._slot.get(id(p))
-            if slot is not None:
+            if slot is not None and self._passes.report(slot) and buckets is not None:
                 buckets.ready(slot, p.grad)
+
+    def no_sync(self):
+        """``with opt.no_sync(): ...``: backward passes inside add to ``.grad`` locally, are not
+        counted towards ``backward_passes_per_step`` and start no average; the next pass
+        outside (with the hook) averages the sum of all of them (PyTorch DDP's idiom)."""
+        return self._passes.no_sync()
 
     def _bucket_allreduce(self):
         """The overlapping bucket allreduce, or None where it does not apply."""
         if self._buckets is not None:
             return self._buckets
         if (not self.overlap or self.average != "gradients" or self.process_set.size() == 1
-                or not self.params or _is_device_array(self.params[0].data)):
+                or not self.params or _is_device_array(self.params[0].data)
+                or not isinstance(self.compression, Compressor)):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
         grads = [p.data for p in reversed(self.params)]
@@ -240,19 +300,40 @@ class DistributedOptimizer:
         return self._buckets
 
     def synchronize(self):
-        """Average every parameter's ``.grad`` across ranks, in place (gradients mode)."""
+        """Average every parameter's ``.grad`` across ranks, in place (gradients mode); then
+        check the count of backward passes (``backward_passes_per_step``)."""
         if self.average != "gradients":
             return
-        if self.process_set.size() == 1:  # the average of one: skip the pack/unpack copies
-            self._synchronized = True
-            return
-        start = time.perf_counter()
+        error = self._passes.error()
+        several = self.process_set.size() > 1   # the average of one: nothing to do
+        if several:
+            start = time.perf_counter()
+            _timeline().cycle()           # mt.start_timeline(path, mark_cycles=True)
+            with _timeline().span("synchronize", cat="comm"):
+                self._average_gradients()
+            self.comm_time_s += time.perf_counter() - start
+        # checked after the average, so that ranks at different counts made the same calls
+        self._passes.reset()
+        try:
+            if self.backward_passes_per_step > 1 and several:
+                world_of(self.process_set, "DistributedOptimizer").agreement(
+                    "DistributedOptimizer.step",
+                    {"backward_passes_per_step": self.backward_passes_per_step}, error=error)
+            elif error is not None:
+                raise ValueError(error)
+        except (ValueError, CollectiveError):
+            self._synchronized = False
+            self.optimizer.zero_grad()     # a wrong count summed the wrong gradients
+            raise
+        self._synchronized = True
+
+    def _average_gradients(self):
         buckets = self._bucket_allreduce()
         if buckets is not None:
-            with _timeline().span("synchronize", cat="comm"):
-                buckets.finish([p.grad for p in reversed(self.params)])
-            self._synchronized = True
-            self.comm_time_s += time.perf_counter() - start
+            buckets.finish([p.grad for p in reversed(self.params)])
+            return
+        if not isinstance(self.compression, Compressor):
+            self._average_with_compressor()
             return
         grads = [p.grad for p in self.params]
         kernels = self.params[0].kernels
@@ -264,17 +345,43 @@ class DistributedOptimizer:
             if w is not None:
                 kernels.cast(w, g)
         wire = [g if w is None else w for g, w in zip(grads, self._wire)]
-        f = self.gradient_predivide_factor
-        with _timeline().span("synchronize", cat="comm"):
-            collectives.grouped_allreduce_(wire, op=self.op, name="DistributedOptimizer.gradients",
-                                           prescale_factor=1.0 / f, postscale_factor=f,
-                                           fusion_threshold_bytes=self.fusion_threshold_bytes,
-                                           process_set=self.process_set)
+        self._grouped_allreduce(wire)
         for g, w in zip(grads, self._wire):
             if w is not None:
                 kernels.cast(g, w)
-        self._synchronized = True
-        self.comm_time_s += time.perf_counter() - start
+
+    def _average_with_compressor(self):
+        """A user's compressor (Horovod's protocol): compress each gradient, average the wire
+        arrays (fused), decompress into ``.grad``."""
+        grads = [p.grad for p in self.params]
+        kernels = self.params[0].kernels
+        wire, contexts = [], []
+        for g in grads:
+            w, ctx = self.compression.compress(g)
+            if isinstance(w, np.ndarray) and not (w.flags.writeable and w.flags.c_contiguous):
+                w = np.array(w, order="C")   # averaged in place: needs its own writable copy
+            wire.append(w)
+            contexts.append(ctx)
+        self._grouped_allreduce(wire)
+        for name, g, w, ctx in zip(self.names, grads, wire, contexts):
+            out = self.compression.decompress(w, ctx)
+            if tuple(out.shape) != tuple(g.shape):
+                raise ValueError(f"compression {self.compression!r}: decompress gave shape "
+                                 f"{tuple(out.shape)} for {name!r}, whose gradient has "
+                                 f"{tuple(g.shape)}")
+            if out is g:
+                continue
+            if isinstance(g, np.ndarray):
+                np.copyto(g, out, casting="unsafe")
+            else:
+                kernels.copy(g, out if out.dtype == g.dtype else out.astype(g.dtype))
+
+    def _grouped_allreduce(self, arrays):
+        f = self.gradient_predivide_factor
+        collectives.grouped_allreduce_(arrays, op=self.op, name="DistributedOptimizer.gradients",
+                                       prescale_factor=1.0 / f, postscale_factor=f,
+                                       fusion_threshold_bytes=self.fusion_threshold_bytes,
+                                       process_set=self.process_set)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -308,6 +415,11 @@ class DistributedOptimizer:
             self.optimizer.step()
             self._synchronized = False
             return
+        error = self._passes.error()
+        self._passes.reset()
+        if error is not None:       # weights mode: each rank checks its own count
+            self.optimizer.zero_grad()
+            raise ValueError(error)
         self.optimizer.step()
         # The inner optimizer's step count travels in its state_dict, so a resumed job keeps
         # averaging on the same global steps as an uninterrupted one.
@@ -317,7 +429,8 @@ class DistributedOptimizer:
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
                 f"average_every={self.average_every}, compression={self.compression!r}, "
-                f"overlap={self.overlap})")
+                f"overlap={self.overlap}, "
+                f"backward_passes_per_step={self.backward_passes_per_step})")
 
 
 def _is_device_array(x):

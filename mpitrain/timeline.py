@@ -12,6 +12,7 @@ one process track per rank ("rank 0", "rank 1", ...), one thread track per ``tid
         ...
         s.set(algo="ring")                      # args known only at the end
     tl.instant("epoch", epoch=2)
+    tl.cycle()                                  # "cycle" marker, if mark_cycles=True
     tl.complete("iallreduce", t0_us, t1_us, cat="comm", tid="comm")   # async work, own track
     tl.close(comm)                              # collective: rank 0 gathers and writes the file
 
@@ -27,7 +28,8 @@ one axis to within the wall clock's resolution; across machines the axis is as g
 clock synchronisation (NTP: ~1 ms), which is why spans of one rank are never reordered by it.
 
 Library code that cannot be handed the object (comm, fusion, optimizer wrapper) records into the
-active timeline: ``timeline.current().span(...)``; the training loop calls ``activate(tl)``.
+active timeline: ``timeline.current().span(...)``; the training loop calls ``activate(tl)``, and
+so do ``mt.start_timeline(path)`` / ``mt.stop_timeline()`` (tracing.py) in a user's own loop.
 ``current()`` is a disabled timeline until then, so instrumentation costs ~nothing by default.
 
 Rank discipline: every rank records, rank 0 alone writes. ``close`` gathers plain lists (pickled by
@@ -106,9 +108,11 @@ class Timeline:
     path: output file (str or os.PathLike), or None to disable recording entirely.
     rank: this process's rank, used as the trace ``pid`` (its process track).
     max_events: events kept per rank; further ones are counted and dropped.
+    mark_cycles: ``cycle()`` records an instant "cycle" event (Horovod's option; one per
+    averaging round of DistributedOptimizer); off by default.
     """
 
-    def __init__(self, path=None, rank=0, max_events=DEFAULT_MAX_EVENTS):
+    def __init__(self, path=None, rank=0, max_events=DEFAULT_MAX_EVENTS, mark_cycles=False):
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"timeline rank must be a non-negative int, got {rank!r}")
         if path is not None and not str(path).strip():
@@ -119,6 +123,7 @@ class Timeline:
         self.rank = rank
         self.enabled = path is not None
         self.max_events = max_events
+        self.mark_cycles = bool(mark_cycles)
         self.dropped = 0
         self._events = []
         self._tids = {"main": 0}
@@ -146,6 +151,12 @@ class Timeline:
         """A zero-length marker (epoch boundary, checkpoint written)."""
         if self.enabled:
             self._append(("i", name, cat, tid, time.perf_counter_ns(), 0, args))
+
+    def cycle(self, **args):
+        """An instant "cycle" marker when ``mark_cycles`` is on (the start of a round of
+        gradient averaging)."""
+        if self.mark_cycles and self.enabled:
+            self._append(("i", "cycle", "comm", "main", time.perf_counter_ns(), 0, args))
 
     def now_us(self):
         """Time on this timeline's clock, in microseconds (for ``complete``)."""

@@ -112,9 +112,11 @@ def _check_sizes(config, train_set, test_set, size):
     if len(set(sizes)) > 1:  # a decision every rank must take identically: compare first
         raise UsageError(f"ranks see different {config.dataset} datasets (train, test sizes per "
                          f"rank: {sizes}); give every rank the same files")
-    global_batch = config.batch_size * size
+    global_batch = config.batch_size * size * config.accumulate
     if global_batch > len(train_set):
-        raise UsageError(f"--batch-size {config.batch_size} x {size} ranks = {global_batch} "
+        accumulate = f" x --accumulate {config.accumulate}" if config.accumulate > 1 else ""
+        raise UsageError(f"--batch-size {config.batch_size} x {size} ranks{accumulate} = "
+                         f"{global_batch} "
                          f"exceeds the {len(train_set)} training samples of {config.dataset}")
     if size > len(test_set):
         raise UsageError(f"{size} ranks but the {config.dataset} test set has only "
@@ -142,7 +144,8 @@ def _build_optimizer(config, model, lr):
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
                                 fusion_threshold_bytes=config.fusion_threshold_bytes,
-                                overlap=not config.no_overlap)
+                                overlap=not config.no_overlap,
+                                backward_passes_per_step=config.accumulate)
 
 
 def _read_checkpoint(config):
@@ -228,11 +231,12 @@ class Trainer:
         self.train_set, self.test_set = train_set, test_set
         self.model, self.optimizer, self.base_lr = model, optimizer, base_lr
         self.rank, self.size = mt.rank(), mt.size()
-        self.global_batch = config.batch_size * self.size
+        self.accumulate = config.accumulate  # backward passes (micro-batches) per step
+        self.global_batch = config.batch_size * self.size * self.accumulate
         self.loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.eval_loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.sampler = DistributedSampler(len(train_set), self.size, self.rank, seed=config.seed,
-                                          batch_size=config.batch_size)
+                                          batch_size=config.batch_size * self.accumulate)
         self.augment = _augmentation(config, train_set)
         self.schedule = mt.optim.LRSchedule(
             base_lr, config.lr_schedule, total_steps=max(1, self.total_steps()),
@@ -354,31 +358,42 @@ class Trainer:
         return host if self.backend.name == "cpu" else self.backend.to_device(host)
 
     def train_step(self, idx):
+        """One optimizer step on this rank's share ``idx`` of the global batch: --accumulate
+        consecutive slices of it (micro-batches of --batch-size), one forward and backward pass
+        each with the loss scaled by 1/accumulate, so the summed gradients are the share's mean
+        (the optimizer averages them across ranks during the last pass). Returns the mean loss."""
         trace = timeline.current()  # disabled unless --timeline names a file
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
-        with trace.span("data"):
-            x = self._to_backend(self.train_set.images, idx, self.model.input_shape,
-                                 self.augment)                                    # (b, ...)
-            y = self._to_backend(self.train_set.labels, idx, ())                      # (b,)
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
-        with trace.span("forward"):
-            logits = self.model.forward(x)                                        # (b, K)
-            loss = self.loss_fn.forward(logits, y)
-        with trace.span("backward"):
-            # each layer's gradients start their allreduce as soon as that layer is done
-            self.model.backward(self.loss_fn.backward(),
-                                on_layer_done=self.optimizer.backward_hook)
+        loss_sum, correct = 0.0, 0
+        for micro in idx.reshape(self.accumulate, -1):                            # (A, b)
+            with trace.span("data"):
+                x = self._to_backend(self.train_set.images, micro, self.model.input_shape,
+                                     self.augment)                                # (b, ...)
+                y = self._to_backend(self.train_set.labels, micro, ())            # (b,)
+            with trace.span("forward"):
+                logits = self.model.forward(x)                                    # (b, K)
+                loss = self.loss_fn.forward(logits, y)
+            with trace.span("backward"):
+                grad = self.loss_fn.backward()                                    # (b, K)
+                if self.accumulate > 1:
+                    self.backend.scale(grad, 1.0 / self.accumulate)
+                # each layer's gradients start their allreduce as soon as that layer is done
+                # (on the last micro-batch: the optimizer counts the passes)
+                self.model.backward(grad, on_layer_done=self.optimizer.backward_hook)
+            loss_sum += loss * len(micro)
+            correct += self.loss_fn.correct
         with trace.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
             self.backend.synchronize()
         self.step_times.append(time.perf_counter() - start)
         self.comm_times.append(self.optimizer.comm_time_s - comm_before)
-        stats = (loss * len(idx), self.loss_fn.correct, len(idx))
+        stats = (loss_sum, correct, len(idx))
         self.interval += stats
         self.epoch_stats += stats
-        return loss
+        return loss_sum / len(idx)
 
     # -- records (rank 0 writes them; the sums and evaluation are collectives) ------------------
     def _show_progress(self, bar, loss, epoch_end):

@@ -145,14 +145,18 @@ def test_comm_thread_error_is_raised_by_finish_on_every_rank_and_world_stays_usa
 
 
 @pytest.mark.skipif(N == 1, reason="nothing to overlap on one rank")
-def test_reporting_a_gradient_twice_is_a_clear_error():
+def test_reporting_a_gradient_twice_is_an_error_at_step_not_in_backward():
     model = _model("mlp", np.float64)
     opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.1),
                                model.named_parameters())
+    before = model.state_dict(copy=True)
     p = model.parameters()[-1]
     opt.backward_hook([p])
-    with pytest.raises(ValueError, match="twice"):
-        opt.backward_hook([p])
+    opt.backward_hook([p])               # a second pass: counted, not raised here
+    with pytest.raises(ValueError, match="step\\(\\) after 2 backward passes"):
+        opt.step()
+    assert all(np.array_equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert mt.allreduce(np.ones(3), op=mt.Sum)[0] == N      # the buckets finished everywhere
 
 
 @pytest.mark.skipif(N == 1, reason="one rank has nothing to overlap")
