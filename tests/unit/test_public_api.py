@@ -6,7 +6,9 @@ DESIGN_NAMES = """init shutdown is_initialized rank size local_rank local_size c
 Sum Average Min Max Product allreduce allreduce_ grouped_allreduce allgather broadcast broadcast_
 reducescatter alltoall barrier broadcast_object allgather_object CollectiveError
 broadcast_parameters broadcast_optimizer_state Compression DistributedOptimizer
-nn models optim data""".split()
+nn models optim data
+start_timeline stop_timeline mpi_built mpi_threads_supported nccl_built cuda_built
+is_homogeneous""".split()
 
 
 def test_every_design_name_is_exported():
@@ -23,6 +25,8 @@ def test_all_lists_only_real_names_and_every_collective():
 def test_nested_contract_names():
     assert issubclass(mt.CollectiveError, RuntimeError)
     assert {"none", "fp16"} <= set(vars(mt.Compression))
+    for method in ("no_sync", "backward_hook", "synchronize", "skip_synchronize"):
+        assert callable(getattr(mt.DistributedOptimizer, method))
     for name in ("mlp", "lenet", "cifar_cnn"):
         assert callable(getattr(mt.models, name))
     assert callable(mt.nn.Parameter) and callable(mt.optim.SGD) and callable(mt.optim.Adam)
