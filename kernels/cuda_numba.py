@@ -563,15 +563,16 @@ def im2col(x, cols, kh, kw, stride, pad):
 
 
 @cuda.jit
-def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n):
-    # gather (one thread per input pixel) instead of scatter: no atomics, deterministic sums
+def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n, zero):
+    # gather (one thread per input pixel) instead of scatter: no atomics, deterministic sums;
+    # zero: dx's dtype (dx[...] * 0 would be NaN where dx is NaN, and dx is an output)
     n_n, c_n, h_n, w_n = dx.shape
     for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
         w = i % w_n
         h = (i // w_n) % h_n
         c = (i // (w_n * h_n)) % c_n
         n = i // (w_n * h_n * c_n)
-        acc = dx[n, c, h, w] * 0
+        acc = zero
         for ki in range(kh):
             th = h + pad - ki
             if th < 0 or th % stride != 0:
@@ -594,7 +595,7 @@ def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
     *_, oh, ow = im2col_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
     if dx.size:
-        _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow)
+        _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow, _scalar(dx, 0))
 
 
 @cuda.jit

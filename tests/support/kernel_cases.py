@@ -89,6 +89,11 @@ def _cases():
             return [_r(g, n * oh * ow, ch * k * k), _r(g, n, ch, h, w), k, k, s, p]
         c.append((f"im2col-k{k}s{s}p{p}", "im2col", i2c, EXACT))
         c.append((f"col2im-k{k}s{s}p{p}", "col2im", c2i, F32))
+
+    def c2i_nan(g):                         # dx is an output: its old NaNs must not leak in
+        cols, dx, *rest = c2i(g)
+        return [cols, np.full_like(dx, np.nan), *rest]
+    c.append(("col2im-nan-dx", "col2im", c2i_nan, F32))
     c.append(("nhwc_to_nchw", "nhwc_to_nchw", lambda g: [_r(g, 2 * 2 * 3, 3),
                                                          _r(g, 2, 3, 2, 3)], EXACT))
     c.append(("nchw_to_nhwc", "nchw_to_nhwc", lambda g: [_r(g, 2, 3, 2, 3),

@@ -29,6 +29,24 @@ def tiny_mlp(kernels):
     return nn.models.mlp(in_features=12, hidden=(16, 8), classes=4, seed=5, kernels=kernels)
 
 
+def tiny_resnet(kernels):
+    """Every layer issue 11 added: conv-BN-ReLU, a downsampling BasicBlock (option-A shortcut,
+    residual add) on an odd 5x5 map, global average pooling, Linear-BatchNorm1d-ReLU."""
+    rng = np.random.default_rng(11)
+    kw = dict(seed=rng, kernels=kernels)
+    return nn.Sequential(
+        nn.Conv2D(2, 3, 3, padding=1, bias=False, **kw),        # (B, 3, 5, 5)
+        nn.BatchNorm2d(3, kernels=kernels),                     # 125 values per channel
+        nn.ReLU(kernels=kernels),
+        nn.BasicBlock(3, 4, stride=2, **kw),                    # (B, 4, 3, 3)
+        nn.GlobalAvgPool2d(kernels=kernels),                    # (B, 4)
+        nn.Linear(4, 6, **kw),
+        nn.BatchNorm1d(6, kernels=kernels),
+        nn.ReLU(kernels=kernels),
+        nn.Linear(6, 4, **kw),
+        input_shape=(2, 5, 5))
+
+
 def train(kernels, build, make_opt, x, y, steps=2):
     """Run ``steps`` SGD/Adam steps; return host parameters, losses and correct counts."""
     model = build(kernels)
@@ -50,6 +68,8 @@ CASES = {
     "cnn-sgd": (tiny_cnn, (5, 2, 6, 6),
                 lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3)),
     "mlp-adam": (tiny_mlp, (6, 12), lambda p: Adam(p, lr=1e-2)),
+    "resnet-sgd": (tiny_resnet, (5, 2, 5, 5),
+                   lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3)),
 }
 
 
