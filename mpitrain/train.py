@@ -129,7 +129,18 @@ def _build_model(config, train_set, backend):
         kw["in_features"] = int(np.prod(train_set.images.shape[1:]))
         if config.hidden is not None:
             kw["hidden"] = tuple(config.hidden)
-    return mt.models.get(config.model, **kw)
+    if config.model.startswith("resnet"):
+        kw["input_shape"] = tuple(train_set.images.shape[1:])   # any (C, H, W)
+    if config.dropout:
+        kw["dropout"] = config.dropout
+    model = mt.models.get(config.model, **kw)
+    if config.sync_bn:
+        if not any(isinstance(m, mt.nn.BatchNormBase) for m in model.modules()):
+            if mt.rank() == 0:
+                print(f"mpitrain: warning: --sync-bn has no effect, --model {config.model} has "
+                      f"no BatchNorm", file=sys.stderr, flush=True)
+        mt.nn.SyncBatchNorm.convert(model)
+    return model
 
 
 def _build_optimizer(config, model, lr):
@@ -456,6 +467,7 @@ class Trainer:
 
     def evaluate(self):
         """(accuracy, mean loss, correct, total) on the test set, sharded and summed."""
+        self.agree_on_buffers()
         with timeline.current().span("evaluate", step=self.step):
             result = mt.evaluate(self.model, self.test_set, EVAL_BATCH, loss_fn=self.eval_loss_fn)
         self.last_eval = (result["accuracy"], result["loss"], result["correct"], result["total"])
@@ -463,8 +475,17 @@ class Trainer:
         return self.last_eval
 
     # -- checkpoints ---------------------------------------------------------------------------
+    def agree_on_buffers(self):
+        """Per-rank BatchNorm leaves N sets of running statistics, each from its rank's samples;
+        before the model is evaluated or written every rank takes their mean (one small
+        allreduce), so the ranks hold one model. SyncBatchNorm's are equal already: untouched."""
+        buffers = self.model.buffers()
+        if self.size > 1 and buffers and not self.config.sync_bn:
+            mt.grouped_allreduce_(buffers, op=mt.Average, name="Trainer.buffers")
+
     def save_checkpoint(self):
         config = self.config
+        self.agree_on_buffers()
         opt_state = self.optimizer.state_dict()
         if config.average == "weights" and self.size > 1:
             # PNNL keeps momentum / Adam moments per rank; a checkpoint holds one state: their
@@ -542,7 +563,7 @@ def run(config):
             _agree(trainer.resume, checkpoint)
     # Every replica starts from rank 0's state (the zoo's seeded init already agrees; a model
     # built or loaded differently on some rank would not).
-    broadcast_parameters(model.named_parameters(), root_rank=0)
+    broadcast_parameters(model.state_dict(), root_rank=0)    # parameters and buffers
     broadcast_optimizer_state(optimizer, root_rank=0)
 
     # From here on the job is valid: files may be written.
