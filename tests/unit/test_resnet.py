@@ -146,3 +146,23 @@ def test_module_tree_api():
         m.add_child("z", object())
     with pytest.raises(NotImplementedError):
         m.forward(np.zeros((1, 3)))
+
+
+def test_small_resnet_learns_and_eval_agrees():
+    """SGD on synthetic classes: training loss falls, and eval mode (running statistics) scores
+    the training data about as well as train mode -- the running statistics are usable."""
+    data = mt.data.synthetic(64, shape=(1, 8, 8), classes=4, seed=1)
+    model = mt.models.resnet(8, input_shape=(1, 8, 8), classes=4, seed=0)
+    loss = mt.nn.SoftmaxCrossEntropy()
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    first = loss(model.forward(data.images), data.labels)
+    for _ in range(25):
+        opt.zero_grad()
+        loss(model.forward(data.images), data.labels)
+        model.backward(loss.backward())
+        opt.step()
+    trained = loss(model.forward(data.images), data.labels)
+    assert trained < 0.3 * first and loss.correct >= 60
+    model.eval()
+    loss(model.forward(data.images), data.labels)
+    assert loss.correct >= 56
