@@ -1,4 +1,4 @@
-"""Hierarchical vs flat allreduce, in one run (MPITRAIN_HIERARCHICAL_ALLREDUCE, comm/hierarchical.py).
+"""Hierarchical vs flat allreduce in one run (MPITRAIN_HIERARCHICAL_ALLREDUCE, hierarchical.py).
 
     mpiexec -n 4 python benchmarks/hierarchical.py --node-size 2            # 2x2 emulated nodes
     mpiexec -launcher fork -hosts localhost:2,127.0.0.1:2 -n 4 \\
