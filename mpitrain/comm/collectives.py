@@ -65,7 +65,7 @@ def _submit(impl, kind, process_set, name, *args):
         # collective runs now on this thread, in order, and the handle is complete at once.
         return handles.completed(getattr(impl, kind), state, *args, kind=kind)
     return handles.submit(getattr(impl, kind), state, *args, kind=kind,
-                          span=(kind, {"name": name, "process_set": state.set_id}))
+                          span=(kind, {"tensor_name": name, "process_set": state.set_id}))
 
 
 # --- blocking ---------------------------------------------------------------------------------
