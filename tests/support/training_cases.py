@@ -1,9 +1,10 @@
 """Two-step training cases shared by the simulator suites (tests/cudasim): the same model and
 optimizer trained on the CPU kernels and on a device backend must end in the same state.
 
-A tiny CNN built from every layer type (Conv2D, MaxPool2D, Flatten, Linear+ReLU, Dropout, ReLU) and
-the zoo MLP, trained through mpitrain.nn + mpitrain.optim with unchanged layer code: only the
-kernels module differs. Shapes are tiny because the simulator runs each GPU thread in Python.
+A tiny CNN built from every layer type (Conv2D, MaxPool2D, Flatten, Linear+ReLU, Dropout, ReLU), a
+tiny ResNet (BatchNorm, residual block, global average pooling) and the zoo MLP, trained through
+mpitrain.nn + mpitrain.optim with unchanged layer code: only the kernels module differs. Shapes
+are tiny because the simulator runs each GPU thread in Python.
 """
 import numpy as np
 
