@@ -8,11 +8,12 @@ import time
 
 import numpy as np
 
+from mpitrain import autotune
 from mpitrain.accumulation import PassCount
 from mpitrain.comm import collectives, overlap
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.engine import allreduce_flat
-from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
 from mpitrain.comm.ops import on_device
 from mpitrain.comm.process_sets import global_process_set, world_of
 
@@ -159,7 +160,8 @@ class DistributedOptimizer:
     in ``synchronize()``.
     ``fusion_threshold_bytes``: size limit of a bucket (0 = one allreduce per tensor); None
     takes the settings' MPITRAIN_FUSION_THRESHOLD, once, here (default 4 MiB with overlap, else
-    64 MiB).
+    64 MiB). With MPITRAIN_AUTOTUNE=1 (gradients mode, several ranks) ``autotuner``
+    (autotune.py) tries other thresholds and ring/MPI on the first steps and keeps the fastest.
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
 
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
@@ -223,6 +225,14 @@ class DistributedOptimizer:
         self._slot = {id(p): n - 1 - i for i, p in enumerate(self.params)}
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._passes = PassCount(n, self.backward_passes_per_step)
+        # MPITRAIN_AUTOTUNE=1: the first steps try thresholds and paths (autotune.py)
+        self.autotuner = None
+        if average == "gradients" and process_set.included():
+            self.autotuner = autotune.for_optimizer(
+                world_of(process_set, "DistributedOptimizer"),
+                lambda obj: collectives.allgather_object(obj, process_set=process_set),
+                self.fusion_threshold_bytes, sum(p.data.nbytes for p in self.params),
+                self.set_fusion_threshold)
 
     # -- the inner optimizer's surface --
     @property
@@ -404,6 +414,15 @@ class DistributedOptimizer:
                                            process_set=self.process_set)
         self.comm_time_s += time.perf_counter() - start
 
+    def set_fusion_threshold(self, threshold_bytes):
+        """Change the bucket size limit between steps, to the same value on every rank (the
+        autotuner does); the overlap plan is rebuilt and agreed at the next step."""
+        if self._buckets is not None and self._buckets.pending():
+            raise RuntimeError("set_fusion_threshold() while gradient allreduces are pending: "
+                               "call it between step() and the next backward")
+        self.fusion_threshold_bytes = check_threshold(threshold_bytes)
+        self._buckets = None
+
     def step(self):
         if self.average == "gradients":
             if self._skip and self._buckets is not None and self._buckets.pending():
@@ -414,6 +433,8 @@ class DistributedOptimizer:
                 self.synchronize()
             self.optimizer.step()
             self._synchronized = False
+            if self.autotuner is not None:
+                self.autotuner.step_done()
             return
         error = self._passes.error()
         self._passes.reset()
