@@ -15,6 +15,11 @@ code either way, only the launch differs. Under the simulator this module also r
 shared-array allocator, whose check-then-set could give two threads of a block two arrays
 (``_race_free_sim_shared_arrays``; tests/cudasim/test_sim_shared_memory.py).
 
+Module-level kernels are ``cuda.jit(cache=True)``: on a GPU each rank of each run would otherwise
+compile some forty kernels at first use (Numba keeps the PTX/cubin per compute capability in
+``__pycache__``, or the user cache when that is read-only); the simulator ignores the flag. The
+GEMM factory's per-dtype closures are not cached.
+
 Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
 memory into one float64 partial, and the few partials are summed on the host in block order.
 BatchNorm's per-channel sums stay on the device: block partials per (chunk, channel), then a
@@ -166,7 +171,7 @@ def synchronize():
     cuda.synchronize()
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _fill_k(a, value):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         a[i] = value
@@ -178,7 +183,7 @@ def fill(a, value):
         _fill_k[_grid(a.size)](a, a.dtype.type(value))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _copy_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = src[i]
@@ -196,7 +201,7 @@ def cast(dst, src):
     copy(dst, src)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scale_k(a, factor):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         a[i] = a[i] * factor
@@ -208,7 +213,7 @@ def scale(a, factor):
         _scale_k[_grid(a.size)](a, _scalar(a, factor))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _add_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] + src[i]
@@ -248,7 +253,7 @@ def _block_sum(acc, partials):
         partials[cuda.blockIdx.x] = buf[0]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _total_k(a, partials):
     acc = float64(0.0)
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
@@ -375,7 +380,7 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
 
 # --- Dense layers -------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bias_act_k(y, bias, relu):
     f = bias.size
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
@@ -393,7 +398,7 @@ def bias_act(y, bias, relu):
         _bias_act_k[_grid(y2.size)](_flat(y2), bias, bool(relu))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _relu_k(x, out):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         v = x[i]
@@ -407,7 +412,7 @@ def relu(x, out):
         _relu_k[_grid(x.size)](x, out)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _relu_backward_k(y, grad_out, grad_in):
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
         grad_in[i] = grad_out[i] if y[i] > 0 else 0
@@ -428,7 +433,7 @@ def relu_backward(y, grad_out, grad_in):
 _BIAS_ROWS = 8 if _SIM else 256
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bias_partials_k(grad_out, partials, rows_per_chunk):
     rows, feats = grad_out.shape
     chunks = partials.shape[0]
@@ -444,7 +449,7 @@ def _bias_partials_k(grad_out, partials, rows_per_chunk):
         partials[chunk, f] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bias_sum_k(partials, grad_bias):
     for f in range(cuda.grid(1), grad_bias.size, cuda.gridsize(1)):
         acc = grad_bias[f] * 0
@@ -475,7 +480,7 @@ def bias_grad(grad_out, grad_bias):
 
 # --- Loss ---------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _softmax_xent_k(logits, labels, grad, losses):
     rows, k = logits.shape
     inv_rows = 1.0 / rows
@@ -505,7 +510,7 @@ def softmax_xent(logits, labels, grad, losses):
         _softmax_xent_k[_grid(logits.shape[0])](logits, labels, grad, losses)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_correct_k(logits, labels, partials):
     rows, k = logits.shape
     hits = float64(0.0)
@@ -531,7 +536,7 @@ def count_correct(logits, labels):
 
 # --- Convolution --------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
     n_, c_n, h_n, w_n = x.shape
     ck = cols.shape[1]
@@ -562,7 +567,7 @@ def im2col(x, cols, kh, kw, stride, pad):
         _im2col_k[_grid(cols.size)](x, cols, kh, kw, stride, pad, oh, ow)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n, zero):
     # gather (one thread per input pixel) instead of scatter: no atomics, deterministic sums;
     # zero: dx's dtype (dx[...] * 0 would be NaN where dx is NaN, and dx is an output)
@@ -598,7 +603,7 @@ def col2im(cols, dx, kh, kw, stride, pad):
         _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow, _scalar(dx, 0))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _nhwc_to_nchw_k(src, dst):
     n_n, c_n, h_n, w_n = dst.shape
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
@@ -609,7 +614,7 @@ def _nhwc_to_nchw_k(src, dst):
         dst[n, c, h, w] = src[(n * h_n + h) * w_n + w, c]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _nchw_to_nhwc_k(src, dst):
     n_n, c_n, h_n, w_n = src.shape
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
@@ -641,7 +646,7 @@ def nchw_to_nhwc(src, dst):
 
 # --- Pooling and dropout ------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _maxpool_forward_k(x, y, argmax, k, stride):
     n_n, c_n, h_n, w_n = x.shape
     oh_n, ow_n = y.shape[2], y.shape[3]
@@ -674,7 +679,7 @@ def maxpool_forward(x, y, argmax, k, stride):
         _maxpool_forward_k[_grid(y.size)](x, y, argmax, k, stride)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _maxpool_backward_k(grad_y, argmax, grad_x, hw_in, hw_out):
     # windows may overlap (stride < k), so routed gradients are added atomically
     for i in range(cuda.grid(1), grad_y.size, cuda.gridsize(1)):
@@ -709,7 +714,7 @@ def _mix32(x):
     return x ^ (x >> np.uint64(16))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _dropout_forward_k(x, y, mask, threshold, keep_scale, seed_hash):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         h = _mix32(_mix32(np.uint64(i)) ^ seed_hash)
@@ -729,7 +734,7 @@ def dropout_forward(x, y, mask, p, seed):
                                           _scalar(mask, 1.0 / (1.0 - p)), seed_hash)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _mul_k(a, b, out):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         out[i] = a[i] * b[i]
@@ -744,7 +749,7 @@ def dropout_backward(grad_y, mask, grad_x):
 
 # --- Optimizer updates --------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _sgd_k(param, grad, buf, lr, momentum, nesterov, weight_decay):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         g = grad[i] + weight_decay * param[i]
@@ -766,7 +771,7 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
                                   s(weight_decay))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, weight_decay, inv_sqrt_bc2):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         g = grad[i] + weight_decay * param[i]
@@ -792,27 +797,27 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 
 # --- Collective reductions ----------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _reduce_sum_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] + src[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _reduce_min_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         if src[i] < dst[i]:
             dst[i] = src[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _reduce_max_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         if src[i] > dst[i]:
             dst[i] = src[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _reduce_prod_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] * src[i]
@@ -865,7 +870,7 @@ def _block_sum_pair(s, s2, partials, row, c, channels):
     cuda.syncthreads()              # a block's next (chunk, channel) reuses buf after this read
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_stats_k(x, partials, chunk):
     # x (N, C, L) -> partials (chunks, 2*C): per (chunk, channel) the sums of x and of x**2
     n_n, c_n, l_n = x.shape
@@ -886,7 +891,7 @@ def _bn_stats_k(x, partials, chunk):
         _block_sum_pair(s, s2, partials, k, c, c_n)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_backward_stats_k(grad_y, x, mean, invstd, partials, chunk):
     # partials (chunks, 2*C): per (chunk, channel) the sums of grad_y and of grad_y * xhat
     n_n, c_n, l_n = x.shape
@@ -909,7 +914,7 @@ def _bn_backward_stats_k(grad_y, x, mean, invstd, partials, chunk):
         _block_sum_pair(s, s2 * float64(invstd[c]), partials, k, c, c_n)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _sum_chunks_k(partials, out):
     # out (2*C,) = partials (chunks, 2*C) summed over chunks, in chunk order
     for j in range(cuda.grid(1), out.size, cuda.gridsize(1)):
@@ -944,7 +949,7 @@ def bn_stats(x, stats):
     _channel_sums(_bn_stats_k, (x.reshape(n, c, l),), n * l, c, stats)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_moments_k(stats, count, eps, momentum, unbias, mean, invstd, running_mean, running_var):
     for c in range(cuda.grid(1), mean.size, cuda.gridsize(1)):
         m = stats[0, c] / count
@@ -971,7 +976,7 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
                                 invstd, running_mean, running_var)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_eval_moments_k(running_mean, running_var, eps, mean, invstd):
     for c in range(cuda.grid(1), mean.size, cuda.gridsize(1)):
         mean[c] = running_mean[c]
@@ -988,7 +993,7 @@ def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
         _bn_eval_moments_k[_grid(c)](running_mean, running_var, float(eps), mean, invstd)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_forward_k(x, mean, invstd, weight, bias, y, l_n, c_n):
     # x, y flat (N*C*L,); element i is in channel (i // L) % C
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
@@ -1017,7 +1022,7 @@ def bn_backward_stats(grad_y, x, mean, invstd, stats):
                                          invstd), n * l, c, stats)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_param_grads_k(stats, grad_weight, grad_bias, accumulate):
     for c in range(cuda.grid(1), grad_weight.size, cuda.gridsize(1)):
         if accumulate:
@@ -1037,7 +1042,7 @@ def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
         _bn_param_grads_k[_grid(c)](stats, grad_weight, grad_bias, bool(accumulate))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_input_coeffs_k(invstd, weight, stats, count, coeffs):
     # grad_x = k*g - k*s0/count - k*invstd*(s1/count)*(x - mean), k = weight*invstd: the three
     # per-channel constants in float64, stored in x's dtype so the element pass stays in it
@@ -1049,7 +1054,7 @@ def _bn_input_coeffs_k(invstd, weight, stats, count, coeffs):
         coeffs[2, c] = k * inv * stats[1, c] / count
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bn_backward_input_k(grad_y, x, mean, coeffs, grad_x, l_n, c_n):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         c = (i // l_n) % c_n
@@ -1078,7 +1083,7 @@ def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
                                         l, c)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _global_avgpool_forward_k(x, y, l_n):
     # one thread per (n, c) plane, summed in float64: the planes at the end of a network are
     # small (8 x 8 in ResNet-20), so a block per plane would idle most of its threads
@@ -1096,7 +1101,7 @@ def global_avgpool_forward(x, y):
         _global_avgpool_forward_k[_grid(y.size)](_flat(x), _flat(y), l)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _global_avgpool_backward_k(grad_y, grad_x, l_n):
     for i in range(cuda.grid(1), grad_x.size, cuda.gridsize(1)):
         grad_x[i] = grad_y[i // l_n] / l_n
@@ -1109,7 +1114,7 @@ def global_avgpool_backward(grad_y, grad_x):
         _global_avgpool_backward_k[_grid(grad_x.size)](_flat(grad_y), _flat(grad_x), l)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _shortcut_forward_k(x, y, stride, offset):
     # gather over y (N, C2, OH, OW): channel c2 reads x's channel c2 - offset, or is zero
     c_n = x.shape[1]
@@ -1133,7 +1138,7 @@ def shortcut_forward(x, y, stride, offset):
         _shortcut_forward_k[_grid(y.size)](x, y, stride, offset)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _shortcut_backward_k(grad_y, grad_x, stride, offset):
     # gather over grad_x (N, C, H, W): only pixels on the stride grid received a value
     c_n, h_n, w_n = grad_x.shape[1], grad_x.shape[2], grad_x.shape[3]
