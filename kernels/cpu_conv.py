@@ -1,45 +1,54 @@
-"""CPU convolution, one image at a time: im2col into a cache-sized buffer, BLAS, fused epilogues.
+"""CPU convolution, a few images at a time: im2col into a cache-sized buffer, BLAS, fused epilogues.
 
 An optional part of the CPU backend, outside the kernel contract (kernels/contract.py): Conv2D
 runs ``conv2d_forward`` / ``conv2d_backward`` when its backend has them and the contract's
 im2col + GEMM + transpose path otherwise (the GPU backends, where one launch over the whole batch
 is what is fast). Same mathematics, a different order of float additions.
 
-Why per image: the batch-wide im2col buffer of a LeNet conv (N*OH*OW x C*K*K floats, 40 MB)
-lives in main memory, so writing it, reading it in the GEMM and reading it again in backward all
-run at memory speed (im2col + col2im were 23 ms of LeNet's 100 ms step). One image's columns
-(C*K*K x OH*OW, 0.6 MB) stay in L2 between the im2col that writes them and the GEMM that reads
-them, and the GEMM orientations below produce NCHW directly, so there are no layout transposes:
+Why by groups of images: the batch-wide im2col buffer of a LeNet conv (N*OH*OW x C*K*K floats,
+40 MB) lives in main memory, so writing it, reading it in the GEMM and reading it again in
+backward all run at memory speed (im2col + col2im were 23 ms of LeNet's 100 ms step). A group of
+G images whose columns fit in COLS_BYTES (one LeNet conv2 image, 0.7 MB; four 7x7 ResNet images)
+stays in L2 between the im2col that writes it and the GEMMs that read it, and the GEMM
+orientations below produce channel-major output, so no layout transposes are needed:
 
-    forward      y[n] (OC, P)   = W (OC, CKK) @ cols (CKK, P)          then bias (+ ReLU) in place
-    backward     g (OC, P)      = grad_y[n] * (y[n] > 0)               bias grad summed alongside
-                 dW^T (CKK, OC) += cols (CKK, P) @ g^T (P, OC)         cols recomputed from x[n]
-                 dcols (CKK, P) = W^T (CKK, OC) @ g (OC, P)            then col2im into dx[n]
+    forward      yc (OC, G*R)   = W (OC, CKK) @ cols (CKK, G*R)      then crop + bias (+ ReLU)
+                                                                      into y[n:n+G] (NCHW)
+    backward     g (OC, G*R)    = grad_y[n:n+G] * (y > 0)             bias grad summed alongside
+                 dW^T (CKK, OC) += cols (CKK, G*R) @ g^T (G*R, OC)    cols recomputed from x
+                 dcols          = W^T (CKK, OC) @ g (OC, G*R)         then col2im into dx[n:n+G]
 
-(P = OH*OW, CKK = C*KH*KW.) The weight gradient accumulates transposed, in a (CKK, OC) scratch
-array, and is transposed into the caller's gradient once per call. Measured at batch 64, one
-thread, LeNet's conv2 (docs/benchmarks.md).
+(CKK = C*KH*KW; R = the GEMM columns of one image: OH*OW, or OH*RS in the wide layout below.)
+The weight gradient accumulates transposed, in a (CKK, OC) scratch array, and is transposed into
+the caller's gradient once per call. Measured at batch 64, one thread (docs/benchmarks.md).
 
-Scratch arrays are kept per (shape, dtype), as kernels/cpu.py's GEMM scratch; the per-image loop
-runs in Python (BLAS cannot be called from an njit function without SciPy), about 2 us a call.
+Scratch arrays are kept per (tag, size, dtype), as kernels/cpu.py's GEMM scratch; the loop over
+groups runs in Python (BLAS cannot be called from an njit function without SciPy).
 """
 import numpy as np
 from numba import njit
 
+# Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
+# Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
+COLS_BYTES = 512 * 1024
+
 _scratch = {}
 
 
-def _buffer(tag, shape, dtype):
-    key = (tag, shape, np.dtype(dtype).str)
+def _matrix(tag, rows, cols, dtype):
+    """A C-contiguous (rows, cols) view of a reusable flat buffer (grown, never shrunk)."""
+    key = (tag, np.dtype(dtype).str)
     buf = _scratch.get(key)
-    if buf is None:
-        buf = _scratch[key] = np.empty(shape, dtype)
-    return buf
+    if buf is None or buf.size < rows * cols:
+        buf = _scratch[key] = np.empty(rows * cols, dtype)
+    return buf[:rows * cols].reshape((rows, cols))
 
 
 def _out_size(size, k, stride, pad):
     return (size + 2 * pad - k) // stride + 1
 
+
+# Per-row layout (any stride): columns of image g, output row i start at g*OH*OW + i*OW. -------
 
 @njit(cache=True, nogil=True)
 def _valid_range(kj, stride, pad, w, ow):
@@ -50,87 +59,188 @@ def _valid_range(kj, stride, pad, w, ow):
 
 
 @njit(cache=True, nogil=True)
-def im2col_image(x, cols, kh, kw, stride, pad):
-    """x (C, H, W) -> cols (C*KH*KW, OH*OW): one row per kernel tap, contiguous image rows."""
-    chans, h, w = x.shape                       # (C, H, W)
+def _im2col_rows(x, cols, kh, kw, stride, pad):
+    """x (G, C, H, W) -> cols (C*KH*KW, G*OH*OW): one row per kernel tap."""
+    groups, chans, h, w = x.shape               # (G, C, H, W)
     oh = (h + 2 * pad - kh) // stride + 1
     ow = (w + 2 * pad - kw) // stride + 1
-    for c in range(chans):
-        for ki in range(kh):
-            for kj in range(kw):
-                row = cols[(c * kh + ki) * kw + kj]     # (OH*OW,)
-                lo, hi = _valid_range(kj, stride, pad, w, ow)
-                shift = kj - pad
-                for i in range(oh):
-                    hh = i * stride - pad + ki
-                    dst = row[i * ow:(i + 1) * ow]          # (OW,)
-                    if hh < 0 or hh >= h:
-                        for j in range(ow):
+    for g in range(groups):
+        for c in range(chans):
+            for ki in range(kh):
+                for kj in range(kw):
+                    row = cols[(c * kh + ki) * kw + kj]     # (G*OH*OW,)
+                    lo, hi = _valid_range(kj, stride, pad, w, ow)
+                    shift = kj - pad
+                    for i in range(oh):
+                        hh = i * stride - pad + ki
+                        dst = row[(g * oh + i) * ow:(g * oh + i + 1) * ow]     # (OW,)
+                        if hh < 0 or hh >= h:
+                            for j in range(ow):
+                                dst[j] = 0
+                            continue
+                        # Views starting at the first valid column keep every index a plain
+                        # loop counter (no negative-index wraparound: LLVM vectorises the copy).
+                        src = x[g, c, hh, lo * stride + shift:]
+                        for j in range(lo):
                             dst[j] = 0
-                        continue
-                    # Views starting at the first valid column keep every index a plain loop
-                    # counter (no negative-index wraparound, so LLVM vectorises the copies).
-                    src = x[c, hh, lo * stride + shift:]     # (W - ...,)
-                    for j in range(lo):
-                        dst[j] = 0
-                    valid = dst[lo:hi]
-                    for t in range(hi - lo):
-                        valid[t] = src[t * stride]
-                    for j in range(hi, ow):
-                        dst[j] = 0
+                        valid = dst[lo:hi]
+                        for t in range(hi - lo):
+                            valid[t] = src[t * stride]
+                        for j in range(hi, ow):
+                            dst[j] = 0
 
 
 @njit(cache=True, nogil=True)
-def col2im_image(cols, dx, kh, kw, stride, pad):
-    """Overwrites dx (C, H, W) with the scatter-add of cols (C*KH*KW, OH*OW)."""
-    chans, h, w = dx.shape                      # (C, H, W)
+def _col2im_rows(cols, dx, kh, kw, stride, pad):
+    """Overwrites dx (G, C, H, W) with the scatter-add of cols (C*KH*KW, G*OH*OW)."""
+    groups, chans, h, w = dx.shape              # (G, C, H, W)
     oh = (h + 2 * pad - kh) // stride + 1
     ow = (w + 2 * pad - kw) // stride + 1
+    for g in range(groups):
+        for c in range(chans):
+            plane = dx[g, c]
+            for hh in range(h):
+                for ww in range(w):
+                    plane[hh, ww] = 0
+            for ki in range(kh):
+                for kj in range(kw):
+                    row = cols[(c * kh + ki) * kw + kj]
+                    lo, hi = _valid_range(kj, stride, pad, w, ow)
+                    shift = kj - pad
+                    for i in range(oh):
+                        hh = i * stride - pad + ki
+                        if 0 <= hh < h:
+                            dst = plane[hh, lo * stride + shift:]
+                            src = row[(g * oh + i) * ow + lo:]
+                            for t in range(hi - lo):
+                                dst[t * stride] += src[t]
+
+
+# Stride 1: the "wide" layout. Each image is copied into a zero-padded flat buffer whose rows are
+# RS = W + pad long (the right padding of a row doubles as the left padding of the next), so for
+# tap (c, ki, kj) the input of output pixel (i, j) sits at c*CH + ki*RS + kj + (i*RS + j): one
+# contiguous run of OH*RS elements per tap and image. im2col becomes block copies (the per-row
+# layout's runs of OW elements cost ~40 cycles each: 10 ms for LeNet's conv2, 0.7 ms this way) at
+# the price of RS - OW junk columns per output row in the GEMMs (16/14 for LeNet's conv2, 29/28
+# for a 3x3 conv on 28x28): the forward drops them in its epilogue; backward gives them a zero
+# gradient, so they add nothing to dW and only zeros to the padding of dx.
+
+def _wide_dims(h, w, kh, pad):
+    """(RS, CH): row stride and per-channel length of the padded flat image."""
+    rs = w + pad
+    return rs, (h + 2 * pad) * rs + 2 * pad + kh       # slack: a tap's run may end past a plane
+
+
+def _use_wide(w, kw, stride, pad):
+    """Stride 1 and at most a third more GEMM columns than output pixels."""
+    ow = w + 2 * pad - kw + 1
+    return stride == 1 and pad <= kw - 1 and 3 * (w + pad) <= 4 * ow
+
+
+def _columns(h, w, kh, kw, stride, pad):
+    """(RS, R): columns per output row and per image in the GEMMs."""
+    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    rs = _wide_dims(h, w, kh, pad)[0] if _use_wide(w, kw, stride, pad) else ow
+    return rs, oh * rs
+
+
+def _group(n, ckk, run, itemsize):
+    """Images per GEMM: as many as keep the columns within COLS_BYTES (at least one)."""
+    return max(1, min(n, COLS_BYTES // (ckk * run * itemsize)))
+
+
+@njit(cache=True, nogil=True)
+def _pad_images(x, xp, pad, rs, ch):
+    """The data slots of xp (flat; zeros elsewhere, written once) = x (G, C, H, W)."""
+    groups, chans, h, w = x.shape
+    for g in range(groups):
+        for c in range(chans):
+            for hh in range(h):
+                dst = xp[(g * chans + c) * ch + pad + (hh + pad) * rs:]
+                src = x[g, c, hh]
+                for ww in range(w):
+                    dst[ww] = src[ww]
+
+
+@njit(cache=True, nogil=True)
+def _im2col_wide(xp, cols, groups, chans, kh, kw, rs, ch):
+    """cols (C*KH*KW, G*OH*RS): row (c, ki, kj), image g's part is the run of OH*RS elements
+    from xp[(g*C + c)*CH + ki*RS + kj]."""
+    run = cols.shape[1] // groups
     for c in range(chans):
-        for hh in range(h):
-            for ww in range(w):
-                dx[c, hh, ww] = 0
         for ki in range(kh):
             for kj in range(kw):
-                row = cols[(c * kh + ki) * kw + kj]     # (OH*OW,)
-                lo, hi = _valid_range(kj, stride, pad, w, ow)
-                shift = kj - pad
-                for i in range(oh):
-                    hh = i * stride - pad + ki
-                    if 0 <= hh < h:
-                        dst = dx[c, hh, lo * stride + shift:]    # (W - ...,)
-                        src = row[i * ow + lo:]
-                        for t in range(hi - lo):
-                            dst[t * stride] += src[t]
+                row = cols[(c * kh + ki) * kw + kj]
+                for g in range(groups):
+                    src = xp[(g * chans + c) * ch + ki * rs + kj:]
+                    dst = row[g * run:]
+                    for q in range(run):
+                        dst[q] = src[q]
 
 
 @njit(cache=True, nogil=True)
-def _bias_act_planes(y, bias, use_bias, relu):
-    """y (OC, P) += bias[o] per row, then ReLU."""
-    chans, plane = y.shape
-    for o in range(chans):
-        b = bias[o] if use_bias else 0
-        row = y[o]
-        for p in range(plane):
-            v = row[p] + b
-            if relu and v < 0:
-                v = 0
-            row[p] = v
+def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
+    """dx (G, C, H, W) = the scatter-add of cols (C*KH*KW, G*OH*RS), through the flat dxp."""
+    groups, chans, h, w = dx.shape
+    run = cols.shape[1] // groups
+    for i in range(groups * chans * ch):
+        dxp[i] = 0
+    for c in range(chans):
+        for ki in range(kh):
+            for kj in range(kw):
+                row = cols[(c * kh + ki) * kw + kj]
+                for g in range(groups):
+                    dst = dxp[(g * chans + c) * ch + ki * rs + kj:]
+                    src = row[g * run:]
+                    for q in range(run):
+                        dst[q] += src[q]
+    for g in range(groups):
+        for c in range(chans):
+            for hh in range(h):
+                src = dxp[(g * chans + c) * ch + pad + (hh + pad) * rs:]
+                dst = dx[g, c, hh]
+                for ww in range(w):
+                    dst[ww] = src[ww]
+
+
+# Both layouts: epilogue and prologue between the GEMM columns and NCHW. -------------------------
+
+@njit(cache=True, nogil=True)
+def _crop_bias_act(y_cols, y, bias, use_bias, relu, rs):
+    """y (G, OC, OH, OW) = y_cols (OC, G*OH*RS) without junk columns, + bias, then ReLU."""
+    groups, chans, oh, ow = y.shape
+    for g in range(groups):
+        for o in range(chans):
+            b = bias[o] if use_bias else 0
+            for i in range(oh):
+                src = y_cols[o, (g * oh + i) * rs:]
+                dst = y[g, o, i]
+                for j in range(ow):
+                    v = src[j] + b
+                    if relu and v < 0:
+                        v = 0
+                    dst[j] = v
 
 
 @njit(cache=True, nogil=True)
-def _grad_planes(y, grad_y, g, grad_bias, relu):
-    """g (OC, P) = grad_y * (y > 0) (or grad_y); grad_bias[o] += the row sums of g."""
-    chans, plane = g.shape
+def _grad_cols(y, grad_y, g_cols, grad_bias, relu, rs):
+    """g_cols (OC, G*OH*RS) = grad_y * (y > 0) (or grad_y), zero in junk columns;
+    grad_bias[o] += the sums over the pixels."""
+    groups, chans, oh, ow = y.shape
     for o in range(chans):
         s = 0.0
-        gy, yy, dst = grad_y[o], y[o], g[o]
-        for p in range(plane):
-            v = gy[p]
-            if relu and not yy[p] > 0:
-                v = 0
-            dst[p] = v
-            s += v
+        for g in range(groups):
+            for i in range(oh):
+                gy, yy = grad_y[g, o, i], y[g, o, i]
+                dst = g_cols[o, (g * oh + i) * rs:(g * oh + i + 1) * rs]
+                for j in range(ow):
+                    v = gy[j]
+                    if relu and not yy[j] > 0:
+                        v = 0
+                    dst[j] = v
+                    s += v
+                for j in range(ow, rs):
+                    dst[j] = 0
         grad_bias[o] += s
 
 
@@ -144,208 +254,101 @@ def _add_transposed(dst, src_t, accumulate):
             dst[i, j] = dst[i, j] + v if accumulate else v
 
 
-# Stride 1: the "wide" layout. The image is copied once into a zero-padded flat buffer whose rows
-# are RS = W + pad long (the right padding of a row doubles as the left padding of the next), so
-# for tap (c, ki, kj) the input of output pixel (i, j) sits at c*CH + ki*RS + kj + (i*RS + j): one
-# contiguous run of OH*RS elements per tap. im2col becomes C*KH*KW block copies (short per-row
-# segments cost ~40 cycles each: the tight layout's im2col was 10 ms for LeNet's conv2, this one
-# is ~1 ms) at the price of RS - OW junk columns per output row in the GEMMs (RS/OW = 16/14 for
-# LeNet's conv2, 33/32 for a 3x3 conv on 32x32): the forward drops them in its epilogue, backward
-# gives them a zero gradient so they add nothing to dW and only zeros to the padding of dx.
+class _Plan:
+    """Sizes and scratch of one call: layout, group, buffers."""
 
-def _wide_dims(c, h, w, kh, pad):
-    """(RS, CH): row stride and per-channel length of the padded flat image."""
-    rs = w + pad
-    return rs, (h + 2 * pad) * rs + 2 * pad + kh       # slack: a tap's run may end past a plane
+    def __init__(self, x, weight, stride, pad):
+        self.n, self.c, self.h, self.w = x.shape
+        self.oc, _, self.kh, self.kw = weight.shape
+        self.stride, self.pad, self.dtype = stride, pad, x.dtype
+        self.oh = _out_size(self.h, self.kh, stride, pad)
+        self.ckk = self.c * self.kh * self.kw
+        self.wide = _use_wide(self.w, self.kw, stride, pad)
+        self.rs, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
+        self.ch = _wide_dims(self.h, self.w, self.kh, pad)[1]
+        self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
+        if self.wide:
+            size = self.group * self.c * self.ch + self.rs    # + RS: the last run's junk tail
+            key = ("xp", (self.c, self.h, self.w, self.kh, pad, self.group), x.dtype.str)
+            self.xp = _scratch.get(key)
+            if self.xp is None:                                # zeros stay where no data goes
+                self.xp = _scratch[key] = np.zeros(size, x.dtype)
 
+    def cols(self, tag, rows, images):
+        return _matrix(tag, rows, images * self.run, self.dtype)
 
-@njit(cache=True, nogil=True)
-def _pad_image(x, xp, pad, rs, ch):
-    """The data slots of xp (flat, zeros elsewhere since allocation) = x (C, H, W)."""
-    chans, h, w = x.shape
-    for c in range(chans):
-        for hh in range(h):
-            dst = xp[c * ch + pad + (hh + pad) * rs:]
-            src = x[c, hh]
-            for ww in range(w):
-                dst[ww] = src[ww]
+    def im2col(self, x, cols):
+        if self.wide:
+            _pad_images(x, self.xp, self.pad, self.rs, self.ch)
+            _im2col_wide(self.xp, cols, x.shape[0], self.c, self.kh, self.kw, self.rs, self.ch)
+        else:
+            _im2col_rows(x, cols, self.kh, self.kw, self.stride, self.pad)
 
-
-@njit(cache=True, nogil=True)
-def _im2col_wide(xp, cols, chans, kh, kw, rs, ch):
-    """cols (C*KH*KW, OH*RS): row (c, ki, kj) = xp[c*CH + ki*RS + kj :][:OH*RS]."""
-    run = cols.shape[1]
-    for c in range(chans):
-        for ki in range(kh):
-            for kj in range(kw):
-                row = cols[(c * kh + ki) * kw + kj]
-                src = xp[c * ch + ki * rs + kj:]
-                for q in range(run):
-                    row[q] = src[q]
+    def col2im(self, cols, dx):
+        if self.wide:
+            dxp = _matrix("dxp", 1, self.xp.size, self.dtype)[0]
+            _col2im_wide(cols, dxp, dx, self.kh, self.kw, self.pad, self.rs, self.ch)
+        else:
+            _col2im_rows(cols, dx, self.kh, self.kw, self.stride, self.pad)
 
 
-@njit(cache=True, nogil=True)
-def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
-    """dx (C, H, W) = the scatter-add of cols (C*KH*KW, OH*RS), through the flat buffer dxp."""
-    chans, h, w = dx.shape
-    run = cols.shape[1]
-    for i in range(dxp.size):
-        dxp[i] = 0
-    for c in range(chans):
-        for ki in range(kh):
-            for kj in range(kw):
-                row = cols[(c * kh + ki) * kw + kj]
-                dst = dxp[c * ch + ki * rs + kj:]
-                for q in range(run):
-                    dst[q] += row[q]
-        for hh in range(h):
-            src = dxp[c * ch + pad + (hh + pad) * rs:]
-            dst = dx[c, hh]
-            for ww in range(w):
-                dst[ww] = src[ww]
-
-
-@njit(cache=True, nogil=True)
-def _crop_bias_act(y_wide, y, bias, use_bias, relu, rs):
-    """y (OC, OH, OW) = y_wide (OC, OH*RS) without its junk columns, + bias, then ReLU."""
-    chans, oh, ow = y.shape
-    for o in range(chans):
-        b = bias[o] if use_bias else 0
-        for i in range(oh):
-            src = y_wide[o, i * rs:]
-            dst = y[o, i]
-            for j in range(ow):
-                v = src[j] + b
-                if relu and v < 0:
-                    v = 0
-                dst[j] = v
-
-
-@njit(cache=True, nogil=True)
-def _grad_wide(y, grad_y, g, grad_bias, relu, rs):
-    """g (OC, OH*RS) = grad_y * (y > 0) (or grad_y), zero in the junk columns;
-    grad_bias[o] += the sums over the pixels."""
-    chans, oh, ow = y.shape
-    for o in range(chans):
-        s = 0.0
-        for i in range(oh):
-            gy, yy, dst = grad_y[o, i], y[o, i], g[o, i * rs:(i + 1) * rs]
-            for j in range(ow):
-                v = gy[j]
-                if relu and not yy[j] > 0:
-                    v = 0
-                dst[j] = v
-                s += v
-            for j in range(ow, rs):
-                dst[j] = 0
-        grad_bias[o] += s
-
-
-def _use_wide(w, kw, stride, pad):
-    """Stride 1 and at most a third more GEMM columns than output pixels."""
-    ow = w + 2 * pad - kw + 1
-    return stride == 1 and pad <= kw - 1 and 3 * (w + pad) <= 4 * ow
-
-
-def _padded(c, h, w, kh, pad, dtype):
-    """The flat padded image buffer for the wide layout; zero outside the data slots."""
-    rs, ch = _wide_dims(c, h, w, kh, pad)
-    key = ("xp", (c, h, w, kh, pad), np.dtype(dtype).str)
-    buf = _scratch.get(key)
-    if buf is None:
-        buf = _scratch[key] = np.zeros(c * ch + rs, dtype)   # + rs: the last run's junk tail
-    return buf
-
-
-def _dims(x, weight, stride, pad):
-    n, c, h, w = x.shape
-    oc, _, kh, kw = weight.shape
-    return n, c, oc, kh, kw, _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-
-
-def gemm_shapes(x_shape, weight_shape, stride, pad, input_grad=True):
+def gemm_shapes(x_shape, weight_shape, stride, pad, input_grad=True, itemsize=4):
     """The GEMMs one forward + backward issues, for benchmarks/step.py:
     [(a_shape, b_shape, trans_a, trans_b, out_shape, times)]."""
     n, c, h, w = x_shape
     oc, _, kh, kw = weight_shape
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
-    run = oh * _wide_dims(c, h, w, kh, pad)[0] if _use_wide(w, kw, stride, pad) else oh * ow
-    ckk = c * kh * kw
-    plan = [((oc, ckk), (ckk, run), False, False, (oc, run), n),      # y = W @ cols
-            ((ckk, run), (oc, run), False, True, (ckk, oc), n)]       # dW^T = cols @ g^T
-    if input_grad:
-        plan.append(((oc, ckk), (oc, run), True, False, (ckk, run), n))   # dcols = W^T @ g
+    ckk, run = c * kh * kw, _columns(h, w, kh, kw, stride, pad)[1]
+    group = _group(n, ckk, run, itemsize)
+    plan = []
+    for images, times in ((group, n // group), (n % group, 1)):
+        if images == 0 or times == 0:
+            continue
+        cols = images * run
+        plan += [((oc, ckk), (ckk, cols), False, False, (oc, cols), times),    # W @ cols
+                 ((ckk, cols), (oc, cols), False, True, (ckk, oc), times)]     # cols @ g^T
+        if input_grad:
+            plan.append(((oc, ckk), (oc, cols), True, False, (ckk, cols), times))  # W^T @ g
     return plan
 
 
 def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     """y (N, OC, OH, OW) = conv(x (N, C, H, W), weight (OC, C, KH, KW)) + bias (OC,) or None,
     then ReLU if ``relu``."""
-    n, c, oc, kh, kw, oh, ow = _dims(x, weight, stride, pad)
-    h, w = x.shape[2], x.shape[3]
-    ckk = c * kh * kw
-    w2d = weight.reshape((oc, ckk))                          # (OC, CKK), a view
+    p = _Plan(x, weight, stride, pad)
+    w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK), a view
     use_bias = bias is not None
     b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
-    if _use_wide(w, kw, stride, pad):
-        rs, ch = _wide_dims(c, h, w, kh, pad)
-        xp = _padded(c, h, w, kh, pad, x.dtype)              # (C*CH + RS,) flat
-        cols = _buffer("cols", (ckk, oh * rs), x.dtype)      # (CKK, OH*RS)
-        y_wide = _buffer("y_wide", (oc, oh * rs), x.dtype)   # (OC, OH*RS)
-        for i in range(n):
-            _pad_image(x[i], xp, pad, rs, ch)
-            _im2col_wide(xp, cols, c, kh, kw, rs, ch)
-            np.matmul(w2d, cols, out=y_wide)
-            _crop_bias_act(y_wide, y[i], b, use_bias, relu, rs)
-        return
-    cols = _buffer("cols", (ckk, oh * ow), x.dtype)          # (CKK, P)
-    for i in range(n):
-        im2col_image(x[i], cols, kh, kw, stride, pad)
-        y_plane = y[i].reshape((oc, oh * ow))               # (OC, P), a view of y
-        np.matmul(w2d, cols, out=y_plane)
-        _bias_act_planes(y_plane, b, use_bias, relu)
+    for n0 in range(0, p.n, p.group):
+        xg = x[n0:n0 + p.group]                              # (G, C, H, W)
+        cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
+        y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
+        p.im2col(xg, cols)
+        np.matmul(w2d, cols, out=y_cols)
+        _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.rs)
 
 
 def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumulate_weight,
                     grad_bias, grad_x):
     """Gradients of conv2d_forward: grad_weight (=|+=), grad_bias (+=, or None: no bias),
     grad_x overwritten (or None: not wanted). ``y`` is the forward output (the ReLU mask)."""
-    n, c, oc, kh, kw, oh, ow = _dims(x, weight, stride, pad)
-    h, w = x.shape[2], x.shape[3]
-    ckk = c * kh * kw
-    w2d = weight.reshape((oc, ckk))                          # (OC, CKK)
-    wide = _use_wide(w, kw, stride, pad)
-    rs, ch = _wide_dims(c, h, w, kh, pad)
-    run = oh * rs if wide else oh * ow                       # GEMM columns per image
-    cols = _buffer("cols", (ckk, run), x.dtype)              # (CKK, run)
-    g = _buffer("g", (oc, run), x.dtype)                     # (OC, run)
-    dw_t = _buffer("dw_t", (ckk, oc), x.dtype)               # (CKK, OC): sum over images
-    dw_img = _buffer("dw_img", (ckk, oc), x.dtype)           # (CKK, OC): one image
+    p = _Plan(x, weight, stride, pad)
+    w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK)
+    dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
+    dw_part = _matrix("dw_part", p.ckk, p.oc, x.dtype)       # (CKK, OC): one group
     gb = grad_bias
     if gb is None:                                           # no bias: sums go to scratch
-        gb = _buffer("gb", (oc,), x.dtype)
+        gb = _matrix("gb", 1, p.oc, x.dtype)[0]
         gb.fill(0)
-    if n == 0:
-        dw_t.fill(0)
-    if wide:
-        xp = _padded(c, h, w, kh, pad, x.dtype)
-        dxp = _buffer("dxp", xp.shape, x.dtype)
-    for i in range(n):
-        if wide:
-            _grad_wide(y[i], grad_y[i], g, gb, relu, rs)
-            _pad_image(x[i], xp, pad, rs, ch)
-            _im2col_wide(xp, cols, c, kh, kw, rs, ch)
-        else:
-            _grad_planes(y[i].reshape((oc, run)), grad_y[i].reshape((oc, run)), g, gb, relu)
-            im2col_image(x[i], cols, kh, kw, stride, pad)
-        np.matmul(cols, g.T, out=dw_t if i == 0 else dw_img)
-        if i > 0:
-            np.add(dw_t, dw_img, out=dw_t)
-        if grad_x is None:
-            continue
-        np.matmul(w2d.T, g, out=cols)                        # d(cols), (CKK, run)
-        if wide:
-            _col2im_wide(cols, dxp, grad_x[i], kh, kw, pad, rs, ch)
-        else:
-            col2im_image(cols, grad_x[i], kh, kw, stride, pad)
-    _add_transposed(grad_weight.reshape((oc, ckk)), dw_t, accumulate_weight)
+    dw_t.fill(0)
+    for n0 in range(0, p.n, p.group):
+        xg = x[n0:n0 + p.group]                              # (G, C, H, W)
+        cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
+        g = p.cols("g_cols", p.oc, xg.shape[0])              # (OC, G*R)
+        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, gb, relu, p.rs)
+        p.im2col(xg, cols)
+        np.matmul(cols, g.T, out=dw_part)
+        np.add(dw_t, dw_part, out=dw_t)
+        if grad_x is not None:
+            np.matmul(w2d.T, g, out=cols)                    # d(cols), (CKK, G*R)
+            p.col2im(cols, grad_x[n0:n0 + p.group])
+    _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)

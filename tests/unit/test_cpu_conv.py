@@ -56,8 +56,13 @@ def test_both_layouts_are_covered():
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_forward_backward_against_reference(shape, relu, dtype):
+@pytest.mark.parametrize("group", [1, 2, None])
+def test_forward_backward_against_reference(shape, relu, dtype, group, monkeypatch):
     n, c, h, w, oc, ks, stride, pad = shape
+    if group is not None:       # images per GEMM: one, two (a smaller last group), else all
+        run = cpu_conv._columns(h, w, ks, ks, stride, pad)[1]
+        monkeypatch.setattr(cpu_conv, "COLS_BYTES",
+                            group * c * ks * ks * run * np.dtype(dtype).itemsize)
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((oc, c, ks, ks)).astype(dtype)
@@ -92,6 +97,11 @@ def test_gemm_shapes_count_the_work():
                     ((800, 224), (64, 224), False, True, (800, 64), 64),
                     ((64, 800), (64, 224), True, False, (800, 224), 64)]
     assert len(cpu_conv.gemm_shapes((2, 3, 9, 8), (5, 3, 3, 3), 2, 1, input_grad=False)) == 2
+    # ResNet's 7x7 stage: 64 * 9 rows, 7 * 8 columns per image; four images fit in COLS_BYTES
+    plan = cpu_conv.gemm_shapes((10, 64, 7, 7), (64, 64, 3, 3), 1, 1)
+    assert [(a, times) for a, _, _, _, _, times in plan] == [
+        ((64, 576), 2), ((576, 224), 2), ((64, 576), 2),
+        ((64, 576), 1), ((576, 112), 1), ((64, 576), 1)]
 
 
 def contract_only():
