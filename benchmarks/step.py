@@ -124,21 +124,21 @@ PROFILED = ("gemm", "bias_act", "relu", "relu_backward", "bias_grad", "softmax_x
             "shortcut_forward", "shortcut_backward")
 
 
-def profile_kernels(k, step, steps):
+def profile_kernels(k, step, steps, clock=time.perf_counter):
     """ms per step spent in each kernel, keyed by kernel name and first-argument shape."""
     from collections import defaultdict
     spent, saved = defaultdict(float), {}
 
     def wrap(name, fn):
         def timed_call(*args, **kw):
-            t = time.perf_counter()
+            t = clock()
             out = fn(*args, **kw)
             k.synchronize()
             key = f"{name} {tuple(args[0].shape)}" if hasattr(args[0], "shape") else name
             if name == "gemm":
                 key += (" x " + str(tuple(args[1].shape)) + (" tA" if kw.get("trans_a") else "")
                         + (" tB" if kw.get("trans_b") else ""))
-            spent[key] += time.perf_counter() - t
+            spent[key] += clock() - t
             return out
         return timed_call
 
@@ -425,7 +425,7 @@ def main(argv=None):
                          f"{res['peak_rss_mib'] / res['torch_peak_rss_mib']:.2f})")
             print(line)
         if args.profile:
-            prof = profile_kernels(k, full_step, args.steps)
+            prof = profile_kernels(k, full_step, args.steps, clock)
             res["profile_ms"] = prof
             print(f"{'':10s} per-kernel ms/step ({sum(prof.values()):.1f} ms in kernels):")
             for key, ms in prof.items():
