@@ -9,7 +9,9 @@ the fastest. ``DistributedOptimizer`` (gradients mode, more than one rank) makes
     trial 0   the starting values (the default: what an untuned run uses)
     trial k   fusion threshold t x algorithm a, t in THRESHOLDS, a in ("mpi", "ring")
 
-Each trial runs ``MPITRAIN_AUTOTUNE_WARMUP_STEPS`` untimed steps (the first one rebuilds and
+The first SETTLE_STEPS steps of the run are not part of any trial (JIT compilation, first
+touches of buffers: train.py's step times leave out the first 5 for the same reason); then each
+trial runs ``MPITRAIN_AUTOTUNE_WARMUP_STEPS`` untimed steps (the first one rebuilds and
 agrees the bucket plan) and ``MPITRAIN_AUTOTUNE_STEPS`` timed ones; a step's time is the wall time
 from the end of the previous ``step()`` to the end of this one. The trial's score is the median
 of this rank's timed steps, then the maximum over ranks (one allreduce Max per trial): a step is
@@ -39,6 +41,7 @@ from mpitrain.comm.fusion import check_threshold
 
 THRESHOLDS = (0, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 ALGORITHMS = ("mpi", "ring")
+SETTLE_STEPS = 5
 CSV_FIELDS = ("trial", "fusion_threshold_bytes", "algorithm", "warmup_steps", "timed_steps",
               "step_ms_slowest_rank", "chosen")
 
@@ -86,6 +89,7 @@ class Autotuner:
         self.scores = []                # slowest rank's median step time (s) of each trial done
         self.chosen = None              # the Trial kept, once every trial ran
         self._steps = []                # this trial's step times on this rank (s)
+        self._settle = SETTLE_STEPS     # steps still to run before the first trial
         self._last = None               # end of the previous step (perf_counter)
         _check_log_path(self.log_path, state.rank, gather)
         self._apply(self.trials[0])
@@ -98,6 +102,10 @@ class Autotuner:
         """Called by every rank at the end of every step(); switches trials when one is done."""
         now = time.perf_counter()
         if self.chosen is not None:
+            return
+        if self._settle > 0:
+            self._settle -= 1
+            self._last = time.perf_counter()
             return
         if self._last is not None:
             self._steps.append(now - self._last)

@@ -56,7 +56,9 @@ def test_trials_switch_after_warmup_plus_timed_steps_and_keep_the_slowest_ranks_
     tuner.trials = tuner.trials[:5]                   # five trials are enough here
     assert applied == [4 << 20] and state.settings.algorithm == "auto"
     steps_per_trial = 1 + 2
-    tuner.step_done()                                 # the first step: no previous end, untimed
+    for _ in range(autotune.SETTLE_STEPS):            # JIT, first touches: no trial
+        tuner.step_done()
+        assert tuner.current == tuner.trials[0] and not gathered[1:]
     for trial in range(5):
         for step in range(steps_per_trial):
             assert tuner.chosen is None and len(tuner.scores) == trial
