@@ -42,8 +42,8 @@ def _train(world_size, rank, steps, per_rank=4):
 def test_autotune_agrees_on_every_rank_keeps_replicas_identical_and_logs(use_settings, tmp_path):
     log = COMM.bcast(str(tmp_path / "autotune.csv"), root=0)       # one path: settings agree
     use_settings(autotune=True, autotune_log=log, autotune_steps=2, autotune_warmup_steps=1)
-    state, opt = _train(N, R, steps=18)
-    ref, _ = _train(1, 0, steps=18, per_rank=4 * N)
+    state, opt = _train(N, R, steps=22)      # 5 settle + 5 trials x (1 + 2) steps + 2 kept
+    ref, _ = _train(1, 0, steps=22, per_rank=4 * N)
     for k in ref:
         np.testing.assert_allclose(state[k], ref[k], rtol=1e-9, atol=1e-12)
     gathered = mt.allgather_object(state)
