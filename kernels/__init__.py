@@ -45,6 +45,8 @@ Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order;
     col2im(cols, dx, kh, kw, stride, pad) overwrites dx (N, C, H, W) with the scatter-add of cols
     nhwc_to_nchw(src, dst)                src (N*OH*OW, C) -> dst (N, C, OH, OW)
     nchw_to_nhwc(src, dst)                src (N, C, OH, OW) -> dst (N*OH*OW, C)
+    (optional, not in the contract: a backend may add conv2d_forward / conv2d_backward, its own
+    whole convolution, which Conv2D then uses instead; the CPU does: kernels/cpu_conv.py)
 Pooling and dropout
     maxpool_forward(x, y, argmax, k, stride)
                                           x (N, C, H, W) -> y (N, C, OH, OW); argmax int32 (same
