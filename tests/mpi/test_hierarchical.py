@@ -241,15 +241,21 @@ def _fuzz_case(i):
 @needs_two_levels
 def test_fuzz_against_flat_and_mpi():
     cases = [_fuzz_case(i) for i in range(FUZZ_CASES)]
+    inputs = [[rank_input(r, n, dtype, op, 1000 + i) for r in range(N)]
+              for i, (dtype, op, n, _, _, _, _) in enumerate(cases)]
     failures = []
-    for i, (dtype, op, n, pre, post, in_place, path) in enumerate(cases):
-        xs = [rank_input(r, n, dtype, op, 1000 + i) for r in range(N)]
-        with _hier(path):
-            flat = _run(xs[R], op, pre, post, in_place)
-        with _hier(path, hierarchical=True, local_size=2):
-            got = _run(xs[R], op, pre, post, in_place)
-        try:
-            _assert_close(got, _mpi_oracle(xs, op, pre, post), flat, _exact(dtype, op))
-        except AssertionError as exc:
-            failures.append(f"case {i} {(dtype, op, n, pre, post, in_place, path)}: {exc}")
+    for path in PATHS:                  # one re-initialisation per path and side, not per case
+        mine = [i for i, case in enumerate(cases) if case[6] == path]
+        results = []
+        for hierarchical in (False, True):
+            with _hier(path, hierarchical=hierarchical, local_size=2):
+                results.append([_run(inputs[i][R], *cases[i][1:2], *cases[i][3:6])
+                                for i in mine])
+        for i, flat, got in zip(mine, *results):
+            dtype, op, n, pre, post, in_place, _ = cases[i]
+            try:
+                _assert_close(got, _mpi_oracle(inputs[i], op, pre, post), flat,
+                              _exact(dtype, op))
+            except AssertionError as exc:
+                failures.append(f"case {i} {cases[i]}: {exc}")
     assert not failures, "\n".join(failures)
