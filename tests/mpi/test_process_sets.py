@@ -350,3 +350,36 @@ def test_sets_leave_the_global_set_usable():
         assert mt.allreduce(np.array([5]), op=mt.Sum, process_set=s).tolist() == [5]
     assert mt.remove_process_set(s)
     assert_same_on_all_ranks(mt.allreduce(np.arange(4.0), op=mt.Sum))
+
+
+@multi_rank
+def test_init_on_a_split_half_makes_it_the_global_set():
+    """mt.init(comm) takes any mpi4py communicator as the global set: ranks of sets are ranks of
+    that communicator, and sets made on it go with it at shutdown."""
+    settings = world.current().settings
+    half = MPI.COMM_WORLD.Split(int(R >= N // 2), R)
+    mt.shutdown()
+    mt.init(half, threads=None, settings=settings)
+    try:
+        g = mt.global_process_set
+        assert (g.size(), g.rank(), g.ranks) == (half.Get_size(), half.Get_rank(),
+                                                 list(range(half.Get_size())))
+        last = mt.add_process_set([half.Get_size() - 1])
+        assert last.included() == (half.Get_rank() == half.Get_size() - 1)
+        if last.included():
+            assert mt.allgather_object(R, process_set=last) == [R]
+    finally:
+        mt.shutdown()
+        half.Free()
+        mt.init(MPI.COMM_WORLD, threads=None, settings=settings)
+    assert last.process_set_id is None and mt.process_sets() == [mt.global_process_set]
+
+
+def test_a_stall_report_names_the_set_and_its_members():
+    desc = ("allreduce", {"name": "x"}, None)
+    answers = {2: {"q": 1, "seq": 2, "in": False}}
+    stall = watchdog.make_stall(0, 4, 3, desc, 61.2, answers, members=[0, 2], set_id=1)
+    assert (stall.present, stall.missing) == ([0], [2])
+    assert stall.line == ("mpitrain: stalled for 61 s in allreduce 'x' (collective #3 of process "
+                          "set 1 [0, 2]) on ranks [0]; missing ranks [2] (rank 2: not in a "
+                          "collective, last #2)")
