@@ -635,7 +635,6 @@ def reduce_into(dst, src, op):
         _REDUCE_NUMBA[op](dst, src)
 
 
-
 # BatchNorm, global average pooling, ResNet shortcut (issue 11): kernels/cpu_norm.py; the tuple
 # names them as this module's own (pyflakes sees a re-export only through a use).
 from mpitrain.kernels.cpu_norm import (bn_backward_input, bn_backward_stats,  # noqa: E402
