@@ -22,9 +22,11 @@ orientations below produce channel-major output, so no layout transposes are nee
 The weight gradient accumulates transposed, in a (CKK, OC) scratch array, and is transposed into
 the caller's gradient once per call. Measured at batch 64, one thread (docs/benchmarks.md).
 
-Scratch arrays are kept per (tag, size, dtype), as kernels/cpu.py's GEMM scratch; the loop over
+Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy).
 """
+import threading
+
 import numpy as np
 from numba import njit
 
@@ -32,15 +34,24 @@ from numba import njit
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
 COLS_BYTES = 512 * 1024
 
-_scratch = {}
+# Scratch per thread: two models may train in two threads (the kernels release the GIL).
+_local = threading.local()
+
+
+def _scratch():
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    return bufs
 
 
 def _matrix(tag, rows, cols, dtype):
     """A C-contiguous (rows, cols) view of a reusable flat buffer (grown, never shrunk)."""
     key = (tag, np.dtype(dtype).str)
-    buf = _scratch.get(key)
+    bufs = _scratch()
+    buf = bufs.get(key)
     if buf is None or buf.size < rows * cols:
-        buf = _scratch[key] = np.empty(rows * cols, dtype)
+        buf = bufs[key] = np.empty(rows * cols, dtype)
     return buf[:rows * cols].reshape((rows, cols))
 
 
@@ -270,9 +281,10 @@ class _Plan:
         if self.wide:
             size = self.group * self.c * self.ch + self.rs    # + RS: the last run's junk tail
             key = ("xp", (self.c, self.h, self.w, self.kh, pad, self.group), x.dtype.str)
-            self.xp = _scratch.get(key)
+            bufs = _scratch()
+            self.xp = bufs.get(key)
             if self.xp is None:                                # zeros stay where no data goes
-                self.xp = _scratch[key] = np.zeros(size, x.dtype)
+                self.xp = bufs[key] = np.zeros(size, x.dtype)
 
     def cols(self, tag, rows, images):
         return _matrix(tag, rows, images * self.run, self.dtype)

@@ -125,3 +125,35 @@ def test_conv2d_layer_same_as_contract_path(bias):
         np.testing.assert_allclose(p0.grad, p1.grad, rtol=1e-12, atol=1e-12, err_msg=name)
     assert layers[1].backward(grad_y, need_input_grad=False) is None
     assert layers[0].backward(grad_y, need_input_grad=False) is None
+
+
+def test_threads_have_their_own_scratch():
+    """Two threads convolving at once (the kernels release the GIL) get the serial results."""
+    import threading
+    rng = np.random.default_rng(7)
+    cases = []
+    for shape in [(4, 3, 12, 12), (3, 3, 12, 12)]:     # same C/H/W: same scratch keys per thread
+        x = rng.standard_normal(shape).astype(np.float32)
+        w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+        y = np.empty((shape[0], 5, 12, 12), np.float32)
+        k.conv2d_forward(x, w, None, y, 1, 1, True)
+        dx = np.empty_like(x)
+        k.conv2d_backward(x, w, y, y, 1, 1, True, np.empty_like(w), False, None, dx)
+        cases.append((x, w, y.copy(), dx.copy()))
+    failures = []
+
+    def work(x, w, want_y, want_dx):
+        y, dx, dw = np.empty_like(want_y), np.empty_like(want_dx), np.empty_like(w)
+        for _ in range(200):
+            k.conv2d_forward(x, w, None, y, 1, 1, True)
+            k.conv2d_backward(x, w, y, y, 1, 1, True, dw, False, None, dx)
+            if not (np.array_equal(y, want_y) and np.array_equal(dx, want_dx)):
+                failures.append(x.shape)
+                return
+
+    threads = [threading.Thread(target=work, args=case) for case in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
