@@ -55,7 +55,9 @@ Layout, one concept a file, in import order: errors.py (ModelError), network.py 
 allreduce on a network), fitting.py (the fits), inputs.py (the JSON and local timings read),
 plans.py (the trainer's buckets, from mpitrain/comm/buckets.py), simulate.py (step time,
 projection, validation), report.py (text, markdown, PNG), cli.py (the command line that
-benchmarks/perfmodel.py runs). The names imported below are the package's API.
+benchmarks/perfmodel.py runs). The names imported below are the package's API. Beside them,
+hierarchical.py: flat vs hierarchical allreduce on M nodes x L ranks, with its own command line
+(``python -m perfmodel_lib.hierarchical``).
 """
 from .errors import ModelError
 from .fitting import fit, fit_mpi, per_byte
