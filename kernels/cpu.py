@@ -417,7 +417,9 @@ def nchw_to_nhwc(src, dst):
 
 # Outside the contract: Conv2D's own path on this backend (groups of images, NCHW out of the
 # GEMMs, fused bias/ReLU; LeNet's step 100 -> 78 ms). The kernels above stay for the contract.
-from mpitrain.kernels.cpu_conv import conv2d_backward, conv2d_forward  # noqa: E402,F401
+from mpitrain.kernels.cpu_conv import conv2d_backward, conv2d_forward  # noqa: E402
+
+CONV_KERNELS = (conv2d_forward, conv2d_backward)     # re-exported (pyflakes ignores noqa)
 
 
 # Pooling and dropout -----------------------------------------------------------------------------

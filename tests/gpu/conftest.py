@@ -6,8 +6,6 @@ NUMBA_ENABLE_CUDASIM=1 the Numba flavour is skipped here too (tests/cudasim cove
 (local_rank % device_count), and the collective tests run across them.
 """
 import os
-import pathlib
-import sys
 
 import pytest
 
