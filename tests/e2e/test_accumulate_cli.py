@@ -6,36 +6,26 @@ Synthetic data of 128 samples and a global batch of 16 make 8 steps an epoch; 12
 an epoch boundary, and the resumed half starts mid-epoch.
 """
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env, load_npz
+
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
         "--no-progress", "--momentum", "0.9", "--seed", "5", "--steps", "12"]
 
 
 def mpitrain(n, *flags, cwd, ok=True, env_extra=None):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
-               **(env_extra or {}))
+    env = child_env(**(env_extra or {}))
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
            *BASE, *flags]
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
     if ok:
         assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
     return p
-
-
-def params(path):
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
 
 
 def assert_close(a, b):
@@ -51,13 +41,13 @@ def test_accumulate_2_at_2_ranks_is_one_rank_with_the_whole_global_batch(tmp_pat
     mpitrain(2, "--batch-size", "4", "--accumulate", "2", *opt, "--save", "acc.npz",
              "--metrics-json", "acc.jsonl", cwd=tmp_path)
     mpitrain(1, "--batch-size", "16", *opt, "--save", "one.npz", cwd=tmp_path)
-    acc, one = params(tmp_path / "acc.npz"), params(tmp_path / "one.npz")
+    acc, one = load_npz(tmp_path / "acc.npz"), load_npz(tmp_path / "one.npz")
     assert_close(acc, one)
     summary = [json.loads(line) for line in open(tmp_path / "acc.jsonl")][-1]
     assert summary["global_batch"] == 16 and summary["steps"] == 12
     # not equal by accident: without accumulation the same flags train on half the samples
     mpitrain(2, "--batch-size", "4", *opt, "--save", "half.npz", cwd=tmp_path)
-    half = params(tmp_path / "half.npz")
+    half = load_npz(tmp_path / "half.npz")
     assert any(not np.allclose(half[k], one[k], rtol=1e-3, atol=1e-5) for k in one)
 
 
@@ -69,14 +59,14 @@ def test_resume_with_accumulation_bitwise_and_on_another_n(tmp_path):
     p = mpitrain(2, *flags, "--checkpoint-dir", str(ck), "--resume", "--save", "resumed.npz",
                  cwd=tmp_path)
     assert "at step 5" in p.stdout
-    full, resumed = params(tmp_path / "full.npz"), params(tmp_path / "resumed.npz")
+    full, resumed = load_npz(tmp_path / "full.npz"), load_npz(tmp_path / "resumed.npz")
     for k in full:
         assert np.array_equal(full[k], resumed[k]), k
     # the same checkpoint continued by one rank accumulating 4 passes of 4: global batch 16
     p = mpitrain(1, "--batch-size", "4", "--accumulate", "4", "--warmup-epochs", "1",
                  "--checkpoint-dir", str(ck), "--resume", "--save", "one.npz", cwd=tmp_path)
     assert "at step" in p.stdout
-    assert_close(params(tmp_path / "one.npz"), full)
+    assert_close(load_npz(tmp_path / "one.npz"), full)
 
 
 @pytest.mark.parametrize("flags, env, message", [

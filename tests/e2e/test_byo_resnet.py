@@ -1,13 +1,13 @@
 """docs/byo_loop.md's ResNet + SyncBatchNorm block runs as written (synthetic data, a few steps)
 under mpiexec -n 2."""
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.launch import MPIEXEC, child_env
+
 REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
 DOC = REPO / "docs" / "byo_loop.md"
 
 
@@ -22,8 +22,7 @@ def test_resnet_block_runs_on_two_ranks(tmp_path):
     # 512 samples, 2 ranks x 64: 4 steps
     script = tmp_path / "resnet.py"
     script.write_text(code + '\nif mt.rank() == 0:\n    print("steps", step + 1)\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env(settings=True)
     p = subprocess.run(["timeout", "-k", "5", "200", MPIEXEC, "-n", "2", sys.executable,
                         str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=230)

@@ -13,18 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env
+
 TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
         "--batch-size", "8", "--no-progress"]
 
 
 def mpitrain(n, *flags, cwd, env=None):
     """Run the CLI on n ranks; CompletedProcess with text stdout/stderr."""
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    clean.update(env or {})
+    clean = child_env(**(env or {}))
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
            *flags]
     proc = subprocess.run(cmd, cwd=cwd, env=clean, capture_output=True, text=True, timeout=150)
@@ -130,8 +127,7 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
         "        raise ZeroDivisionError('injected on rank 1')\n"
         "    train.Trainer.train_step = boom\n"
         f"sys.exit(run_cli({TINY + ['--steps', '50']!r}))\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    clean = child_env(settings=True)
     start = time.time()
     p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
                         str(script)], cwd=tmp_path, env=clean, capture_output=True, text=True,
@@ -155,8 +151,7 @@ def test_bad_input_seen_by_one_rank_only_still_exits_2_everywhere(tmp_path):
         "        raise mt.data.DataError('/node2/data: no such directory (rank 1 only)')\n"
         "    train._datasets = missing\n"
         f"sys.exit(run_cli({TINY + ['--steps', '3']!r}))\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    clean = child_env(settings=True)
     p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
                         str(script)], cwd=tmp_path, env=clean, capture_output=True, text=True,
                        timeout=150)

@@ -1,12 +1,12 @@
 """docs/byo_loop.md's example runs as written (on synthetic data, for speed) under mpiexec -n 2."""
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.launch import MPIEXEC, child_env
+
 REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
 DOC = REPO / "docs" / "byo_loop.md"
 
 
@@ -31,8 +31,7 @@ def test_example_runs_on_two_ranks(tmp_path):
              '    print("steps", step + 1, "final", float(loss))\n')
     script = tmp_path / "byo.py"
     script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env(settings=True)
     p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
                         str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=150)

@@ -1,18 +1,17 @@
 """docs/examples/horovod_mnist.py -- Horovod's PyTorch MNIST example, ported -- on two ranks."""
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.launch import MPIEXEC, child_env
+
 REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
 SCRIPT = REPO / "docs" / "examples" / "horovod_mnist.py"
 
 
 def run(args, tmp_path, timeout=240):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env(settings=True)
     return subprocess.run(["timeout", "-k", "5", str(timeout), MPIEXEC, "-n", "2",
                            sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout + 30)

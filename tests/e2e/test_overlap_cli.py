@@ -1,7 +1,6 @@
 """Overlap through the CLI on 2 ranks: the same parameters with and without --no-overlap, and
 the timeline puts the overlapped allreduces on the comm thread's own track."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,17 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env
+
 # 64-byte buckets: the tiny MLP's four gradients travel as four buckets
 TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
         "--batch-size", "8", "--no-progress", "--steps", "6", "--fusion-threshold-bytes", "64"]
 
 
 def _run(flags, tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env()
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable, "-m", "mpitrain",
            *TINY, *flags]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,

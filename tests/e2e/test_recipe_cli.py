@@ -6,35 +6,26 @@ Synthetic data of 128 samples, (1, 28, 28) images for an MLP with 16 hidden unit
 """
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env, load_npz
+
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
         "--no-progress", "--epochs", "2", "--seed", "5", "--momentum", "0.9",
         "--weight-decay", "5e-4", "--augment", "crop,flip", "--lr-schedule", "cosine"]
 
 
 def mpitrain(n, *flags, cwd):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env()
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
            *BASE, *flags]
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
     return p
-
-
-def params(path):
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
 
 
 def test_augmented_cosine_run_at_2_ranks_equals_1_rank_and_resumes_bitwise(tmp_path):
@@ -52,12 +43,12 @@ def test_augmented_cosine_run_at_2_ranks_equals_1_rank_and_resumes_bitwise(tmp_p
 
     # Same global batch (augmented identically, sample by sample) on 1 rank x 16.
     mpitrain(1, "--batch-size", "16", "--save", "one.npz", cwd=tmp_path)
-    two, one = params(tmp_path / "two.npz"), params(tmp_path / "one.npz")
+    two, one = load_npz(tmp_path / "two.npz"), load_npz(tmp_path / "one.npz")
     for k in two:
         np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-5, err_msg=k)
     # Without augmentation the run differs: the flags above did change the batches.
     mpitrain(1, "--batch-size", "16", "--augment", "none", "--save", "plain.npz", cwd=tmp_path)
-    plain = params(tmp_path / "plain.npz")
+    plain = load_npz(tmp_path / "plain.npz")
     assert any(np.abs(plain[k] - one[k]).max() > 1e-3 for k in one)
 
     # Resume mid-epoch 2 from step 12: schedule, augmentation and momentum continue exactly.
@@ -68,6 +59,6 @@ def test_augmented_cosine_run_at_2_ranks_equals_1_rank_and_resumes_bitwise(tmp_p
     p = mpitrain(2, "--batch-size", "8", "--checkpoint-dir", str(again), "--resume",
                  "--save", "resumed.npz", cwd=tmp_path)
     assert "at step 12" in p.stdout
-    resumed = params(tmp_path / "resumed.npz")
+    resumed = load_npz(tmp_path / "resumed.npz")
     for k in two:
         assert np.array_equal(resumed[k], two[k]), k

@@ -4,26 +4,22 @@
 Every job is small (synthetic 1x28x28 data, batch 8, a few steps) and runs under
 ``timeout -k 5 240``; MPIEXEC names the launcher (default: the venv's mpich wheel).
 """
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from mpitrain import checkpoint as ckpt
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env
+
 SMALL = ["--model", "resnet20", "--dataset", "synthetic", "--synthetic-samples", "128",
          "--batch-size", "8", "--no-progress", "--lr", "0.05"]
 
 
 def mpitrain(n, *flags, cwd):
     """Run the CLI on n ranks; CompletedProcess with text stdout/stderr."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env()
     cmd = ["timeout", "-k", "5", "240", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
            *flags]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=270)

@@ -14,31 +14,23 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env, load_npz
+
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
         "--no-progress", "--warmup-epochs", "1", "--momentum", "0.9", "--seed", "3"]
 
 
 def mpitrain(n, *flags, cwd):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env()
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
            *BASE, *flags]
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
     return p
-
-
-def params(path):
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
 
 
 def assert_bitwise(a, b):
@@ -59,7 +51,7 @@ def test_a_interrupted_and_resumed_equals_uninterrupted_bitwise(tmp_path, optimi
     p = mpitrain(2, "--batch-size", "8", "--steps", "12", *opt, "--checkpoint-dir", str(ck),
                  "--resume", "--save", "resumed.npz", cwd=tmp_path)
     assert "resumed from" in p.stdout and "at step 5" in p.stdout
-    full, resumed = params(tmp_path / "full.npz"), params(tmp_path / "resumed.npz")
+    full, resumed = load_npz(tmp_path / "full.npz"), load_npz(tmp_path / "resumed.npz")
     assert_bitwise(full, resumed)
     # Not trivially equal: training moved the parameters between step 5 and step 12.
     first = params_at_step(ck, 5)
@@ -75,9 +67,7 @@ def test_a_killed_job_resumes_bitwise(tmp_path):
     """A real interruption: the job is killed after its step-4 checkpoint appears."""
     mpitrain(2, "--batch-size", "8", "--steps", "12", "--save", "full.npz", cwd=tmp_path)
     ck = tmp_path / "ck"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env()
     # --steps far beyond 12 so the job is still running when it is killed.
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable, "-m", "mpitrain",
            *BASE, "--batch-size", "8", "--steps", "100000", "--checkpoint-dir", str(ck),
@@ -101,7 +91,7 @@ def test_a_killed_job_resumes_bitwise(tmp_path):
             os.unlink(ck / name)
     mpitrain(2, "--batch-size", "8", "--steps", "12", "--checkpoint-dir", str(ck), "--resume",
              "--save", "resumed.npz", cwd=tmp_path)
-    assert_bitwise(params(tmp_path / "full.npz"), params(tmp_path / "resumed.npz"))
+    assert_bitwise(load_npz(tmp_path / "full.npz"), load_npz(tmp_path / "resumed.npz"))
 
 
 def test_b_checkpoint_at_2_ranks_resumes_at_1_rank_with_double_batch(tmp_path):
@@ -110,7 +100,7 @@ def test_b_checkpoint_at_2_ranks_resumes_at_1_rank_with_double_batch(tmp_path):
     mpitrain(2, "--batch-size", "8", "--steps", "5", "--checkpoint-dir", str(ck), cwd=tmp_path)
     mpitrain(1, "--batch-size", "16", "--steps", "12", "--checkpoint-dir", str(ck), "--resume",
              "--save", "n1.npz", cwd=tmp_path)
-    n2, n1 = params(tmp_path / "n2.npz"), params(tmp_path / "n1.npz")
+    n2, n1 = load_npz(tmp_path / "n2.npz"), load_npz(tmp_path / "n1.npz")
     base = params_at_step(ck, 5)
     for k in n2:
         moved = np.max(np.abs(n2[k] - base[k]))
@@ -122,12 +112,12 @@ def test_b_checkpoint_at_2_ranks_resumes_at_1_rank_with_double_batch(tmp_path):
 def test_c_reruns_are_bitwise_identical(tmp_path):
     mpitrain(2, "--batch-size", "8", "--steps", "12", "--save", "one.npz", cwd=tmp_path)
     mpitrain(2, "--batch-size", "8", "--steps", "12", "--save", "two.npz", cwd=tmp_path)
-    assert_bitwise(params(tmp_path / "one.npz"), params(tmp_path / "two.npz"))
+    assert_bitwise(load_npz(tmp_path / "one.npz"), load_npz(tmp_path / "two.npz"))
     # And the seed matters: another seed gives other parameters.
     mpitrain(2, "--batch-size", "8", "--steps", "12", "--save", "other.npz", "--seed", "4",
              cwd=tmp_path)
-    other = params(tmp_path / "other.npz")
-    one = params(tmp_path / "one.npz")
+    other = load_npz(tmp_path / "other.npz")
+    one = load_npz(tmp_path / "one.npz")
     assert any(not np.array_equal(one[k], other[k]) for k in one)
 
 
@@ -150,7 +140,7 @@ def test_weights_mode_checkpoint_holds_one_model_and_resumes(tmp_path):
              cwd=tmp_path)
     from mpitrain import checkpoint
     last = checkpoint.load(checkpoint.checkpoint_path(ck, 6))
-    assert_bitwise(last.params, params(tmp_path / "w.npz"))   # averaged at step 6: one model
+    assert_bitwise(last.params, load_npz(tmp_path / "w.npz"))   # averaged at step 6: one model
     bufs = [k for k in last.optimizer_state if k.startswith("momentum_buffer")]
     assert bufs and all(np.isfinite(last.optimizer_state[k]).all() for k in bufs)
     # Resuming (same N) continues from there to step 9 without error.
@@ -169,7 +159,7 @@ def test_weights_mode_final_average_is_checkpointed_and_the_schedule_survives_re
     mpitrain(2, *flags, "--steps", "7", "--save", "w7.npz", cwd=tmp_path)
     from mpitrain import checkpoint
     assert_bitwise(checkpoint.load(checkpoint.checkpoint_path(ck, 7)).params,
-                   params(tmp_path / "w7.npz"))
+                   load_npz(tmp_path / "w7.npz"))
     mpitrain(2, *flags, "--steps", "9", "--resume", "--save", "w9.npz", cwd=tmp_path)
     assert_bitwise(checkpoint.load(checkpoint.checkpoint_path(ck, 9)).params,
-                   params(tmp_path / "w9.npz"))
+                   load_npz(tmp_path / "w9.npz"))

@@ -2,24 +2,20 @@
 track, the spans of a training step (forward, backward, fusion pack, per-bucket allreduce with
 its bytes, unpack, update) and the evaluation."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env
+
 TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
         "--batch-size", "8", "--no-progress", "--steps", "4"]
 
 
 def _run(flags, tmp_path, env=None):
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("PMI_", "MPI_LOCAL", "MPITRAIN_", "OMPI_", "HYDRA_"))}
-    clean.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    clean.update(env or {})
+    clean = child_env(**(env or {}))
     cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable, "-m", "mpitrain",
            *TINY, *flags]
     proc = subprocess.run(cmd, cwd=tmp_path, env=clean, capture_output=True, text=True,

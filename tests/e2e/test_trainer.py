@@ -2,13 +2,10 @@
 ``resume`` restores them with the model and optimizer, and fit(5) + resume + fit(14) ends bitwise
 where an uninterrupted fit(14) does. 96 samples / global batch 16 = 6 steps an epoch, so the
 resumed run starts mid-epoch and crosses two epoch boundaries."""
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+from tests.support.launch import MPIEXEC, child_env
 
 SCRIPT = """
 import sys
@@ -81,8 +78,7 @@ if mt.rank() == 0:
 def test_trainer_fit_and_resume_own_the_counters(tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_LOCAL"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = child_env(settings=True)
     p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
                         str(script), str(tmp_path / "ck")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=150)

@@ -7,4 +7,6 @@ another test file and none edits sys.path: what two suites share lives here.
 - kernel_cases.py    every kernel's cases: the device backends vs the CPU kernel (cudasim, gpu)
 - fake_cupy.py       a CPU stand-in for the CuPy slice that kernels/cuda_cupy.py uses
 - training_cases.py  two-step trainings: a device backend vs the CPU
+- gradcheck.py       finite-difference gradient checks of layers and modules
+- launch.py          the environment and paths for launching mpitrain under mpiexec (e2e)
 """

@@ -1,0 +1,29 @@
+"""Launching ``python -m mpitrain``, or a user's script, under mpiexec from the e2e tests."""
+import os
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
+# An outer launcher's variables (pytest itself may run under mpiexec): a child job must not
+# think it is a rank of that job.
+LAUNCHER = ("PMI_", "MPI_LOCAL")
+# Settings a CLI run must not inherit, so that the job sees only the flags the test gives it.
+SETTINGS = ("MPITRAIN_", "OMPI_", "HYDRA_")
+ONE_THREAD = dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+
+
+def child_env(settings=False, **extra):
+    """os.environ without the launcher's variables (and without MPITRAIN_*/Open MPI/Hydra
+    settings unless ``settings``), one BLAS/Numba thread per rank, then ``extra``."""
+    drop = LAUNCHER if settings else LAUNCHER + SETTINGS
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(ONE_THREAD, **extra)
+    return env
+
+
+def load_npz(path):
+    """Every array of an .npz file (e.g. ``--save``), by name."""
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
