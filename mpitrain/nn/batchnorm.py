@@ -57,8 +57,11 @@ class BatchNormBase(Layer):
     def _weight(self):
         return self.weight.data if self.affine else self._ones
 
-    def _reduce_forward(self, packed):
-        """Hook for SyncBatchNorm: sum ``packed`` (sums, sums of squares, count) over ranks."""
+    def _reduce_forward(self, packed, count):
+        """Hook for SyncBatchNorm: sum ``packed`` (sums, sums of squares, count) over ranks and
+        return the global count. Per-rank BatchNorm keeps its own count, known on the host:
+        reading it back from the device would be a synchronisation per layer and step."""
+        return count
 
     def _reduce_backward(self, stats):
         """Hook for SyncBatchNorm: sum the two backward sums over ranks."""
@@ -76,8 +79,7 @@ class BatchNormBase(Layer):
             stats = self._fwd[:2 * c].reshape((2, c))                          # (2, C)
             k.bn_stats(x, stats)
             k.fill(self._fwd[2 * c:], x.size // c)
-            self._reduce_forward(self._fwd)
-            self._count = float(k.to_host(self._fwd[2 * c:])[0])
+            self._count = float(self._reduce_forward(self._fwd, x.size // c))
             k.bn_moments(stats, self._count, self.eps, self.momentum, self._mean, self._invstd,
                          self.running_mean, self.running_var)
         else:

@@ -44,8 +44,9 @@ class SyncBatchNorm(BatchNormBase):
         super().__init__(num_features, eps, momentum, affine, kernels, dtype)
         self.reduce = reduce if reduce is not None else world_sum_
 
-    def _reduce_forward(self, packed):
+    def _reduce_forward(self, packed, count):
         self.reduce(packed)
+        return float(self.kernels.to_host(packed[-1:])[0])                 # the global count
 
     def _reduce_backward(self, stats):
         self.reduce(stats)
