@@ -16,6 +16,7 @@ from mpitrain.comm.engine import allreduce_flat
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
 from mpitrain.comm.ops import on_device
 from mpitrain.comm.process_sets import global_process_set, world_of
+from mpitrain.deterministic import GradientTree, check_ranks
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
 # early in backward, large enough that per-call latency stays small (PyTorch DDP: 25 MB).
@@ -173,13 +174,22 @@ class DistributedOptimizer:
     counted or averaged; the next pass outside averages them all. In weights mode the k passes
     make one local step (nothing is sent per pass anyway; the weights are still averaged every
     ``average_every`` steps) and the count is checked on each rank alone.
+
+    ``deterministic=True`` (deterministic.py; gradients mode, no compression, a power-of-two
+    process set, ``backward_passes_per_step`` k a power of two): each of the k passes must run
+    on one micro-shard of the global batch -- rank r the micro-shards [r*k, (r+1)*k) of N*k,
+    in order -- and report every parameter to ``backward_hook``; each pass's gradients become
+    one leaf of a fixed binary tree over the N*k micro-shards, and ``step()`` sums the tree
+    across ranks (no overlap with backward), divides by N for ``mt.Average``, and updates.
+    The parameters are then bitwise identical for every N with the same micro-shards. With
+    k = 1 the hook may be left out (``.grad`` at ``step()`` is the one leaf).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
                  average_every=1, fusion_threshold_bytes=None, overlap=True,
                  backward_passes_per_step=1,
-                 process_set=global_process_set):
+                 process_set=global_process_set, deterministic=False):
         if op not in (collectives.Average, collectives.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -202,6 +212,9 @@ class DistributedOptimizer:
         if average == "weights" and compression is not Compression.none:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
+        if deterministic:
+            _check_deterministic(average, compression, gradient_predivide_factor,
+                                 backward_passes_per_step, process_set)
         self.overlap = bool(overlap)
         self.process_set = process_set    # whose ranks average (others: ValueError at the step)
         default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
@@ -225,9 +238,12 @@ class DistributedOptimizer:
         self._slot = {id(p): n - 1 - i for i, p in enumerate(self.params)}
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._passes = PassCount(n, self.backward_passes_per_step)
+        # deterministic=True: the passes' gradients as leaves of the fixed tree (deterministic.py)
+        self.deterministic = bool(deterministic)
+        self._tree = GradientTree(self.params) if self.deterministic else None
         # MPITRAIN_AUTOTUNE=1: the first steps try thresholds and paths (autotune.py)
         self.autotuner = None
-        if average == "gradients" and process_set.included():
+        if average == "gradients" and process_set.included() and not self.deterministic:
             self.autotuner = autotune.for_optimizer(
                 world_of(process_set, "DistributedOptimizer"),
                 lambda obj: collectives.allgather_object(obj, process_set=process_set),
@@ -254,6 +270,8 @@ class DistributedOptimizer:
             # every rank's do, before the gradients they write into are zeroed
             self._buckets.finish([p.grad for p in reversed(self.params)])
         self._passes.reset()
+        if self._tree is not None:
+            self._tree.reset()
         self._synchronized = False
         self.optimizer.zero_grad()
 
@@ -277,6 +295,13 @@ class DistributedOptimizer:
         reports inside ``no_sync()`` are not counted (accumulation.py). Between this hook and
         ``step()`` the caller must make no MPI calls (the comm thread owns MPI).
         """
+        if self._tree is not None:        # deterministic: count, and keep each pass as a leaf
+            for p in params:
+                slot = self._slot.get(id(p))
+                if slot is not None:
+                    self._passes.report(slot)
+            self._tree.report(params)
+            return
         buckets = self._bucket_allreduce()
         for p in params:
             slot = self._slot.get(id(p))
@@ -287,6 +312,9 @@ class DistributedOptimizer:
         """``with opt.no_sync(): ...``: backward passes inside add to ``.grad`` locally, are not
         counted towards ``backward_passes_per_step`` and start no average; the next pass
         outside (with the hook) averages the sum of all of them (PyTorch DDP's idiom)."""
+        if self.deterministic:
+            raise RuntimeError("no_sync() with deterministic=True: every backward pass is one "
+                               "leaf of the fixed tree; use backward_passes_per_step instead")
         return self._passes.no_sync()
 
     def _bucket_allreduce(self):
@@ -294,6 +322,7 @@ class DistributedOptimizer:
         if self._buckets is not None:
             return self._buckets
         if (not self.overlap or self.average != "gradients" or self.process_set.size() == 1
+                or self.deterministic
                 or not self.params or _is_device_array(self.params[0].data)
                 or not isinstance(self.compression, Compressor)):
             return None
@@ -313,6 +342,9 @@ class DistributedOptimizer:
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode); then
         check the count of backward passes (``backward_passes_per_step``)."""
         if self.average != "gradients":
+            return
+        if self._tree is not None:
+            self._reduce_tree()
             return
         error = self._passes.error()
         several = self.process_set.size() > 1   # the average of one: nothing to do
@@ -335,6 +367,37 @@ class DistributedOptimizer:
             self._synchronized = False
             self.optimizer.zero_grad()     # a wrong count summed the wrong gradients
             raise
+        self._synchronized = True
+
+    def _reduce_tree(self):
+        """deterministic=True: agree on the step (and on any rank's wrong pass count), then sum
+        the leaves in the fixed tree across ranks and scale (Average: 1/N, exact)."""
+        tree, k = self._tree, self.backward_passes_per_step
+        if tree.passes == 0 and k == 1 and self._passes.passes() == 0:
+            tree.add_current()             # no hook: the gradients in .grad are the one leaf
+        error = tree.partial() or self._passes.error()
+        if error is None and tree.passes != k:
+            error = (f"step() after {tree.passes} backward passes; deterministic=True with "
+                     f"backward_passes_per_step={k} takes exactly {k} per step")
+        state = world_of(self.process_set, "DistributedOptimizer")
+        start = time.perf_counter()
+        try:
+            # the first MPI call of the step, as for every collective: a wrong count anywhere is
+            # an error on every rank, and a rank in mt.join() is refused, never left waiting
+            state.agreement("DistributedOptimizer.deterministic",
+                            {"backward_passes_per_step": k, "elements": tree.elements,
+                             "dtype": str(tree.dtype)}, error=error)
+        except (ValueError, CollectiveError):
+            self._passes.reset()
+            tree.reset()
+            self._synchronized = False
+            self.optimizer.zero_grad()
+            raise
+        self._passes.reset()
+        scale = 1.0 / state.size if self.op is collectives.Average else 1.0
+        with _timeline().span("synchronize", cat="comm"):
+            tree.reduce(state.ring, scale)
+        self.comm_time_s += time.perf_counter() - start
         self._synchronized = True
 
     def _average_gradients(self):
@@ -451,7 +514,28 @@ class DistributedOptimizer:
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
                 f"average_every={self.average_every}, compression={self.compression!r}, "
                 f"overlap={self.overlap}, "
-                f"backward_passes_per_step={self.backward_passes_per_step})")
+                f"backward_passes_per_step={self.backward_passes_per_step}"
+                + (", deterministic=True)" if self.deterministic else ")"))
+
+
+def _check_deterministic(average, compression, predivide, passes, process_set):
+    """ValueError (the same on every rank: every input is the same there) unless
+    deterministic=True can keep its promise with these arguments."""
+    if average != "gradients":
+        raise ValueError(f"deterministic=True averages gradients in a fixed tree; "
+                         f"average={average!r} is not supported")
+    if compression is not Compression.none:
+        raise ValueError(f"deterministic=True refuses compression={compression!r}: rounding "
+                         f"to a wire format depends on which partial sums a rank sends")
+    if predivide != 1.0:
+        raise ValueError(f"deterministic=True refuses gradient_predivide_factor="
+                         f"{predivide!r} (only exact power-of-two scaling keeps the bits)")
+    if passes & (passes - 1):
+        raise ValueError(f"deterministic=True needs backward_passes_per_step a power of two, "
+                         f"got {passes} (the micro-shards are the leaves of a binary tree)")
+    size = process_set.size()
+    if size is not None:
+        check_ranks(size)
 
 
 def _is_device_array(x):

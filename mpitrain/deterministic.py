@@ -1,0 +1,175 @@
+"""Deterministic mode (issue 15): the same parameter bits for any power-of-two number of ranks.
+
+``DistributedOptimizer(..., deterministic=True)`` and ``python -m mpitrain --deterministic``.
+The global batch of G samples is cut into M micro-shards of G/M samples (M a power of two,
+``--micro-shards``, default 8), and every forward/backward pass runs on exactly one micro-shard,
+so every GEMM has the same shape whatever N is. Rank r owns the contiguous micro-shards
+[r*M/N, (r+1)*M/N) and runs k = M/N passes per step. Each pass's gradients are one *leaf*; the
+leaves are summed in one fixed binary tree over the M micro-shards (comm/tree.py): each rank
+adds its own leaves pairwise as they come (``PairwiseSum``), then the ranks combine their
+subtree sums level by level (``tree_allreduce``, recursive halving/doubling). So N = 1, 2, 4, 8
+perform the same float additions on the same operands, and the parameters after any number of
+steps are bitwise identical::
+
+    M = 8, pass j of step t on micro-shard j:  leaf g_j = d loss(micro-shard j) / d w
+    N = 1: one rank, 8 passes    ((g0+g1)+(g2+g3)) + ((g4+g5)+(g6+g7))
+    N = 2: rank 0 g0..g3, rank 1 g4..g7, each its half of the line above, then one level across
+    N = 4: rank r g2r, g2r+1, then two levels across ranks
+
+Scaling is exact when it is by a power of two (no overflow, no subnormal results), which is why
+``op=mt.Average`` (a multiply by 1/N after the tree) and a loss scaled by 1/k may be used; the
+CLI scales the loss gradient by 1/M, a factor that does not depend on N, and sums (``op=Sum``),
+so even subnormal gradients round the same way for every N.
+
+What a step costs over the default mode: M/N passes on smaller batches instead of one (smaller
+GEMMs), one copy of every gradient per pass into the leaf, log2(M/N) vector additions, and the
+tree allreduce (2 log2 N messages, the ring's volume) without overlap with backward: the
+allreduce runs in ``step()``, after the last pass. docs/benchmarks.md has the measured cost.
+
+This file owns the mode's arithmetic: ``GradientTree`` (the leaves of one step and their sum
+across ranks), ``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and
+micro-shard, not by rank) and ``ShardSums`` (metric sums in micro-shard order).
+"""
+import numpy as np
+
+from mpitrain import kernels as _kernels
+from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
+from mpitrain.nn.layers import Dropout
+
+DEFAULT_MICRO_SHARDS = 8
+
+
+def check_ranks(size, what="deterministic=True"):
+    """ValueError unless ``size`` ranks can share the fixed tree (a power of two)."""
+    if not is_power_of_two(size):
+        raise ValueError(f"{what} needs a power-of-two number of ranks (1, 2, 4, 8, ...), got "
+                         f"{size}: the fixed reduction tree splits the micro-shards evenly in "
+                         f"halves")
+
+
+class GradientTree:
+    """The leaves of one optimizer step (one per backward pass) and their sum over the ranks.
+
+    params: the optimizer's Parameters (one dtype). ``report(params)`` (from the backward hook)
+    counts parameter gradients done in the current pass; when every parameter was reported the
+    pass is complete: its gradients are copied into a leaf (added pairwise at once) and zeroed
+    (lazily) for the next pass. ``add_current()`` does the same without the hook (one pass).
+    ``reduce(comm, scale, flag)`` sums the leaves over ``comm`` in the fixed tree, multiplies by
+    ``scale`` and writes the result into every ``.grad``.
+    """
+
+    def __init__(self, params):
+        self.params = list(params)
+        dtypes = {np.dtype(p.dtype) for p in self.params}
+        if len(dtypes) > 1:
+            raise ValueError(f"deterministic=True needs parameters of one dtype, got "
+                             f"{sorted(str(d) for d in dtypes)}")
+        self.kernels = self.params[0].kernels if self.params else _kernels.get("cpu")
+        self.dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+        self.sizes = [int(p.size) for p in self.params]
+        self.elements = sum(self.sizes)
+        self._ids = {id(p) for p in self.params}
+        self._reported = set()
+        k = self.kernels
+        self.leaves = PairwiseSum(lambda: k.empty((self.elements,), self.dtype), self._pack,
+                                  k.add)
+        self._host = None           # the root on the host (a device backend) and the scratch
+        self._scratch = None
+
+    @property
+    def passes(self):
+        return self.leaves.count
+
+    def report(self, params):
+        """Count ``params`` as done for this pass; on the last one, take the pass as a leaf."""
+        for p in params:
+            if id(p) in self._ids:
+                self._reported.add(id(p))
+        if len(self._reported) == len(self.params):
+            self.add_current()
+
+    def add_current(self):
+        """The gradients now in ``.grad`` become the next leaf; ``.grad`` is zeroed (lazily)."""
+        self.leaves.add(self.params)
+        for p in self.params:
+            p.zero_grad()
+        self._reported.clear()
+
+    def partial(self):
+        """Why the current pass is incomplete (some parameters reported, not all), or None."""
+        if not self._reported:
+            return None
+        return (f"a backward pass reported {len(self._reported)} of {len(self.params)} "
+                f"parameters to backward_hook before step(); deterministic=True needs every "
+                f"parameter's gradient from every pass")
+
+    def _pack(self, buf, params):
+        off = 0
+        for p, n in zip(params, self.sizes):
+            self.kernels.copy(buf[off:off + n], p.grad.reshape(-1))
+            off += n
+
+    def reduce(self, comm, scale):
+        """Sum the leaves over ``comm`` (the fixed tree), times ``scale``, into every ``.grad``.
+        The number of leaves must be a power of two (checked by the caller on every rank)."""
+        root = self.leaves.result()
+        k = self.kernels
+        host = root
+        if k.name != "cpu":            # MPI reads host memory: stage the one vector
+            host = self._host if self._host is not None else np.empty(self.elements, self.dtype)
+            self._host = host
+            host[...] = k.to_host(root)
+        if comm.Get_size() > 1:
+            if self._scratch is None:
+                self._scratch = np.empty(max(1, (self.elements + 1) // 2), self.dtype)
+            tree_allreduce(comm, host, _kernels.get("cpu").add, self._scratch)
+        if host is not root:
+            k.copy(root, k.to_device(host))
+        if scale != 1.0:
+            k.scale(root, scale)
+        off = 0
+        for p, n in zip(self.params, self.sizes):
+            grad, _ = p.grad_target()            # overwritten whole: no zero-fill first
+            k.copy(grad, root[off:off + n].reshape(grad.shape))
+            off += n
+        self.reset()
+
+    def reset(self):
+        self.leaves.reset()
+        self._reported.clear()
+
+
+def seed_dropout(model, step, micro_shard, micro_shards):
+    """Key every Dropout mask of the next pass by (step, micro-shard), not by how many passes
+    this rank ran: the mask of micro-shard j at step t is then the same on every N (and after
+    a resume)."""
+    for layer in model.modules():
+        if isinstance(layer, Dropout):
+            layer.calls = step * micro_shards + micro_shard
+
+
+class ShardSums:
+    """Metric sums (loss x samples, correct, samples) per micro-shard, added in micro-shard
+    order over every rank: the records of a deterministic run are the same numbers for any N.
+
+    ``add(rows)``: this rank's (k, 3) rows of one step, in micro-shard order. ``total(
+    allgather)``: every rank's rows, gathered in rank order (= micro-shard order), summed in
+    one fixed order; clears the rows. allgather: ``mt.allgather`` (concatenates axis 0).
+    """
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, rows):
+        self.rows.append(np.asarray(rows, np.float64).reshape(-1, 3))       # (k, 3)
+
+    def total(self, allgather):
+        # (k, steps, 3) per rank -> (M, steps, 3): micro-shard-major, the same array for any N
+        mine = (np.stack(self.rows, axis=1) if self.rows else np.zeros((0, 0, 3)))
+        every = allgather(np.ascontiguousarray(mine))
+        self.rows = []
+        total = np.zeros(3)
+        for step in range(every.shape[1]):
+            for shard in range(every.shape[0]):
+                total += every[shard, step]
+        return total
