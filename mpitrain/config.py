@@ -97,6 +97,11 @@ class Config:
     accumulate: int = _opt(1, "backward passes per optimizer step: gradients of K consecutive "
                               "micro-batches of --batch-size are summed, then averaged across "
                               "ranks once (the update of one rank with the whole global batch)")
+    deterministic: bool = _opt(False, "bitwise-identical parameters for every power-of-two "
+                                      "number of ranks dividing --micro-shards: one pass per "
+                                      "micro-shard, gradients summed in one fixed tree")
+    micro_shards: int = _opt(8, "--deterministic: micro-shards per global batch (a power of two; "
+                                "the global batch must divide by it)")
     lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
     scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
     warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
@@ -192,6 +197,7 @@ class Config:
         if self.fp16_allreduce and self.average == "weights":
             raise UsageError("--fp16-allreduce compresses gradients; it does not apply to "
                              "--average weights")
+        self._validate_deterministic()
         if self.hidden is not None and self.model != "mlp":
             raise UsageError(f"--hidden {','.join(map(str, self.hidden))}: only for --model mlp, "
                              f"not {self.model!r}")
@@ -203,6 +209,25 @@ class Config:
             raise UsageError(f"--model {self.model!r} takes {want} samples but --dataset "
                              f"{self.dataset!r} has {have}")
         return self
+
+    def _validate_deterministic(self):
+        """--deterministic against the flags it cannot keep its promise with (the checks that
+        need the number of ranks are train.py's)."""
+        m = self.micro_shards
+        if m < 1 or m & (m - 1):
+            raise UsageError(f"--micro-shards {m!r}: must be a power of two (1, 2, 4, 8, ...)")
+        if not self.deterministic:
+            return
+        refused = [("--average weights", self.average == "weights"),
+                   ("--fp16-allreduce", self.fp16_allreduce),
+                   ("--uneven", getattr(self, "uneven", False)),
+                   ("--sync-bn", self.sync_bn),
+                   (f"--model {self.model} (BatchNorm)", self.model.startswith("resnet")),
+                   ("--device cuda", self.device == "cuda")]
+        for flag, given in refused:
+            if given:
+                raise UsageError(f"--deterministic does not support {flag} (see README, "
+                                 f"\"Bitwise-identical training\")")
 
     def _validate_recipe(self):
         """Augmentation and lr schedule flags that contradict each other or the data."""

@@ -45,6 +45,7 @@ from mpitrain import threads, timeline
 from mpitrain.config import MODEL_SHAPES, UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
+from mpitrain.deterministic import ShardSums, seed_dropout
 from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
                                   broadcast_parameters)
 
@@ -121,6 +122,19 @@ def _check_sizes(config, train_set, test_set, size):
     if size > len(test_set):
         raise UsageError(f"{size} ranks but the {config.dataset} test set has only "
                          f"{len(test_set)} samples (each rank scores at least one)")
+    if config.deterministic:
+        _check_micro_shards(config.micro_shards, size, global_batch)
+
+
+def _check_micro_shards(m, size, global_batch):
+    """--deterministic: N a power of two dividing M, and M micro-shards of equal size."""
+    if size & (size - 1) or m % size:
+        raise UsageError(f"--deterministic needs a power-of-two number of ranks dividing "
+                         f"--micro-shards {m}, got {size} ranks (the fixed tree splits the "
+                         f"micro-shards in halves)")
+    if global_batch % m:
+        raise UsageError(f"--deterministic: the global batch of {global_batch} samples does not "
+                         f"divide into --micro-shards {m} equal micro-shards")
 
 
 def _build_model(config, train_set, backend):
@@ -152,11 +166,14 @@ def _build_optimizer(config, model, lr):
         inner = mt.optim.SGD(params, lr=lr, momentum=config.momentum,
                              weight_decay=config.weight_decay, no_decay=no_decay)
     compression = Compression.fp16 if config.fp16_allreduce else Compression.none
+    passes, exact = config.accumulate, {}
+    if config.deterministic:   # one pass per micro-shard, loss x 1/M and summed: no N anywhere
+        passes, exact = config.micro_shards // mt.size(), dict(op=mt.Sum, deterministic=True)
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
                                 fusion_threshold_bytes=config.fusion_threshold_bytes,
                                 overlap=not config.no_overlap,
-                                backward_passes_per_step=config.accumulate)
+                                backward_passes_per_step=passes, **exact)
 
 
 def _read_checkpoint(config):
@@ -244,6 +261,14 @@ class Trainer:
         self.rank, self.size = mt.rank(), mt.size()
         self.accumulate = config.accumulate  # backward passes (micro-batches) per step
         self.global_batch = config.batch_size * self.size * self.accumulate
+        # --deterministic (deterministic.py): this rank's contiguous M/N micro-shards, one pass
+        # each, the loss gradient x 1/M; metric sums in micro-shard order (ShardSums)
+        self.passes, self.pass_weight = self.accumulate, 1.0 / self.accumulate
+        self.interval_shards = self.epoch_shards = None
+        if config.deterministic:
+            self.passes = config.micro_shards // self.size
+            self.pass_weight = 1.0 / config.micro_shards
+            self.interval_shards, self.epoch_shards = ShardSums(), ShardSums()
         self.loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.eval_loss_fn = mt.nn.SoftmaxCrossEntropy(kernels=backend)
         self.sampler = DistributedSampler(len(train_set), self.size, self.rank, seed=config.seed,
@@ -290,7 +315,7 @@ class Trainer:
         while not self.done():
             self.sampler.set_epoch(self.epoch, self.position)  # the rest of the current epoch
             self.epoch_stats[:] = 0
-            batches = self.sampler.indices()  # (steps, b)
+            batches = self.shares()  # (steps, b)
             if len(batches) == 0:  # resumed with a larger global batch than the epoch has left
                 self.epoch, self.position = self.epoch + 1, 0
             for batch in batches:
@@ -378,8 +403,11 @@ class Trainer:
         comm_before = self.optimizer.comm_time_s
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
-        loss_sum, correct = 0.0, 0
-        for micro in idx.reshape(self.accumulate, -1):                            # (A, b)
+        loss_sum, correct, rows = 0.0, 0, []
+        for j, micro in enumerate(idx.reshape(self.passes, -1)):                  # (A, b)
+            if self.interval_shards is not None:   # masks keyed by micro-shard, not by rank
+                seed_dropout(self.model, self.step, self.rank * self.passes + j,
+                             self.config.micro_shards)
             with trace.span("data"):
                 x = self._to_backend(self.train_set.images, micro, self.model.input_shape,
                                      self.augment)                                # (b, ...)
@@ -389,13 +417,14 @@ class Trainer:
                 loss = self.loss_fn.forward(logits, y)
             with trace.span("backward"):
                 grad = self.loss_fn.backward()                                    # (b, K)
-                if self.accumulate > 1:
-                    self.backend.scale(grad, 1.0 / self.accumulate)
+                if self.pass_weight != 1.0:
+                    self.backend.scale(grad, self.pass_weight)
                 # each layer's gradients start their allreduce as soon as that layer is done
                 # (on the last micro-batch: the optimizer counts the passes)
                 self.model.backward(grad, on_layer_done=self.optimizer.backward_hook)
             loss_sum += loss * len(micro)
             correct += self.loss_fn.correct
+            rows.append((loss * len(micro), self.loss_fn.correct, len(micro)))
         with trace.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
             self.backend.synchronize()
@@ -404,7 +433,42 @@ class Trainer:
         stats = (loss_sum, correct, len(idx))
         self.interval += stats
         self.epoch_stats += stats
+        if self.interval_shards is not None:
+            self.interval_shards.add(rows)
+            self.epoch_shards.add(rows)
         return loss_sum / len(idx)
+
+    def shares(self):
+        """This rank's samples of each remaining global batch of the epoch, (steps, G/N): the
+        sampler's strided share, or with --deterministic the contiguous slice [r*G/N,
+        (r+1)*G/N), its micro-shards r*M/N .. (r+1)*M/N - 1 in order."""
+        if self.interval_shards is None:
+            return self.sampler.indices()
+        share = self.global_batch // self.size
+        return self.sampler.global_indices()[:, self.rank * share:(self.rank + 1) * share]
+
+    def _global_sums(self, local, shards):
+        """(loss sum, correct, samples) over every rank: one allreduce, or with
+        --deterministic the micro-shards' rows added in micro-shard order (the same for any N)."""
+        if shards is None:
+            return mt.allreduce(local, op=mt.Sum)
+        return shards.total(mt.allgather)
+
+    def _join_step(self, start, comm_before):
+        """End of an --uneven tail step (on a rank with no share: the whole of it): wait in
+        ``mt.join`` until every rank is done, then take the model and optimizer state of the
+        rank that joined last -- one that stepped -- so the replicas are one model again.
+        Returns NaN, the mean loss of no samples."""
+        with timeline.current().span("join", step=self.step + 1):
+            last = mt.join()
+            broadcast_parameters(self.model.state_dict(), root_rank=last)
+            broadcast_optimizer_state(self.optimizer, root_rank=last)
+        self._record(start, comm_before)
+        return float("nan")
+
+    def _record(self, start, comm_before):
+        self.step_times.append(time.perf_counter() - start)
+        self.comm_times.append(self.optimizer.comm_time_s - comm_before)
 
     # -- records (rank 0 writes them; the sums and evaluation are collectives) ------------------
     def _show_progress(self, bar, loss, epoch_end):
@@ -417,7 +481,7 @@ class Trainer:
             bar.update(1)
 
     def _log_step(self, metrics):
-        sums = mt.allreduce(self.interval, op=mt.Sum)
+        sums = self._global_sums(self.interval, self.interval_shards)
         samples_s, step_ms, comm_ms = self.timing(first=self.interval_start)
         metrics.write({"event": "step", "step": self.step, "epoch": self.epochs_done(),
                        "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
@@ -434,7 +498,7 @@ class Trainer:
             bar.write(f"step {self.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}")
 
     def _log_epoch(self, metrics):
-        sums = mt.allreduce(self.epoch_stats, op=mt.Sum)
+        sums = self._global_sums(self.epoch_stats, self.epoch_shards)
         record = {"event": "epoch", "epoch": self.epoch, "step": self.step,
                   "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
         if self.last_eval_step == self.step:
@@ -546,7 +610,10 @@ def run(config):
         # across ranks (CollectiveError on every rank): bad input, not a crash.
         raise UsageError(str(exc)) from None
     rank, size = mt.rank(), mt.size()
-    n_threads = threads.configure(config.threads, mt.local_size())
+    # --deterministic: BLAS results depend on the thread count (OpenBLAS splits some GEMMs
+    # differently), so one thread per rank unless --threads says otherwise, for every N
+    n_threads = threads.configure(config.threads or (1 if config.deterministic else 0),
+                                  mt.local_size())
 
     backend = _agree(_backend, config)
     train_set, test_set = _agree(_datasets, config)
