@@ -50,12 +50,15 @@ def check_ranks(size, what="deterministic=True"):
 class GradientTree:
     """The leaves of one optimizer step (one per backward pass) and their sum over the ranks.
 
-    params: the optimizer's Parameters (one dtype). ``report(params)`` (from the backward hook)
-    counts parameter gradients done in the current pass; when every parameter was reported the
-    pass is complete: its gradients are copied into a leaf (added pairwise at once) and zeroed
-    (lazily) for the next pass. ``add_current()`` does the same without the hook (one pass).
-    ``reduce(comm, scale, flag)`` sums the leaves over ``comm`` in the fixed tree, multiplies by
-    ``scale`` and writes the result into every ``.grad``.
+    params: the optimizer's Parameters (one dtype). Zero-copy: after ``reset()`` (the
+    optimizer's ``zero_grad``) every ``.grad`` is a view into one flat leaf buffer, zeroed
+    lazily, so backward writes the pass's gradients straight into the leaf. ``report(params)``
+    (from the backward hook) counts parameter gradients done in the current pass; when every
+    parameter was reported the pass is complete: its buffer joins the tree (added pairwise at
+    once) and ``.grad`` moves to a fresh leaf buffer. ``add_current()`` does the same without the
+    hook (one pass; a copy when ``.grad`` is not the views, e.g. no ``zero_grad`` before it).
+    ``reduce(comm, scale)`` sums the leaves over ``comm`` in the fixed tree, multiplies by
+    ``scale`` and leaves every ``.grad`` a view of the result.
     """
 
     def __init__(self, params):
@@ -73,12 +76,33 @@ class GradientTree:
         k = self.kernels
         self.leaves = PairwiseSum(lambda: k.empty((self.elements,), self.dtype), self._pack,
                                   k.add)
+        self._current = None        # (buffer, views): the leaf .grad writes into now
+        self._granted = None        # the last result, which .grad views until the next pass
         self._host = None           # the root on the host (a device backend) and the scratch
         self._scratch = None
 
     @property
     def passes(self):
         return self.leaves.count
+
+    def _views(self, buf):
+        views, off = [], 0
+        for p, n in zip(self.params, self.sizes):
+            views.append(buf[off:off + n].reshape(p.shape))
+            off += n
+        return views
+
+    def _begin_pass(self):
+        """Point every ``.grad`` at a fresh leaf buffer, zeroed lazily (layers overwrite it)."""
+        if self._granted is not None:          # .grad moves off it now: free to reuse
+            self.leaves.release(self._granted)
+            self._granted = None
+        buf = self.leaves.spare()
+        views = self._views(buf)
+        for p, v in zip(self.params, views):
+            p.grad = v
+            p.zero_grad()
+        self._current = (buf, views)
 
     def report(self, params):
         """Count ``params`` as done for this pass; on the last one, take the pass as a leaf."""
@@ -89,11 +113,16 @@ class GradientTree:
             self.add_current()
 
     def add_current(self):
-        """The gradients now in ``.grad`` become the next leaf; ``.grad`` is zeroed (lazily)."""
-        self.leaves.add(self.params)
-        for p in self.params:
-            p.zero_grad()
+        """The gradients of the pass just done become the next leaf; ``.grad`` moves on."""
+        current, self._current = self._current, None
+        if current is not None and all(p.grad is v for p, v in zip(self.params, current[1])):
+            self.leaves.push(current[0])
+        else:                                  # .grad is not (all) ours: copy it in
+            if current is not None:
+                self.leaves.release(current[0])
+            self.leaves.add(self.params)
         self._reported.clear()
+        self._begin_pass()
 
     def partial(self):
         """Why the current pass is incomplete (some parameters reported, not all), or None."""
@@ -104,15 +133,14 @@ class GradientTree:
                 f"parameter's gradient from every pass")
 
     def _pack(self, buf, params):
-        off = 0
-        for p, n in zip(params, self.sizes):
-            self.kernels.copy(buf[off:off + n], p.grad.reshape(-1))
-            off += n
+        for v, p in zip(self._views(buf), params):
+            self.kernels.copy(v, p.grad)
 
     def reduce(self, comm, scale):
-        """Sum the leaves over ``comm`` (the fixed tree), times ``scale``, into every ``.grad``.
-        The number of leaves must be a power of two (checked by the caller on every rank)."""
-        root = self.leaves.result()
+        """Sum the leaves over ``comm`` (the fixed tree), times ``scale``; every ``.grad`` is then
+        a view of the sum. The number of leaves must be a power of two (the caller checks it on
+        every rank)."""
+        root = self.leaves.take()
         k = self.kernels
         host = root
         if k.name != "cpu":            # MPI reads host memory: stage the one vector
@@ -127,16 +155,24 @@ class GradientTree:
             k.copy(root, k.to_device(host))
         if scale != 1.0:
             k.scale(root, scale)
-        off = 0
-        for p, n in zip(self.params, self.sizes):
-            grad, _ = p.grad_target()            # overwritten whole: no zero-fill first
-            k.copy(grad, root[off:off + n].reshape(grad.shape))
-            off += n
-        self.reset()
+        for p, v in zip(self.params, self._views(root)):
+            p.grad = v                  # the optimizer reads the sum where it lies
+        if self._current is not None:
+            self.leaves.release(self._current[0])
+            self._current = None
+        self._reported.clear()
+        if self._granted is not None:
+            self.leaves.release(self._granted)
+        self._granted = root
 
     def reset(self):
+        """Drop this step's leaves (``zero_grad``, an error) and start the next pass."""
         self.leaves.reset()
         self._reported.clear()
+        if self._current is not None:
+            self.leaves.release(self._current[0])
+            self._current = None
+        self._begin_pass()
 
 
 def seed_dropout(model, step, micro_shard, micro_shards):

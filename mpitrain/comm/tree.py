@@ -39,8 +39,9 @@ class PairwiseSum:
     """Sum leaves in the fixed pairwise tree, one leaf at a time: ``add(leaf)`` ... ``result()``.
 
     ``new_buffer()`` makes an array like a leaf (the caller's backend), ``reduce(dst, src)`` does
-    dst += src. Leaves are copied in; the caller may reuse its leaf array at once. The number of
-    leaves must be a power of two (else the tree would depend on when the count stops).
+    dst += src. ``add`` copies a leaf in (the caller may reuse its array at once); without the
+    copy, fill ``spare()`` and ``push`` it. The number of leaves must be a power of two (else the
+    tree would depend on when the count stops).
     """
 
     def __init__(self, new_buffer, copy, reduce):
@@ -50,8 +51,16 @@ class PairwiseSum:
         self.count = 0
 
     def add(self, leaf):
-        buf = self._free.pop() if self._free else self.new_buffer()
+        buf = self.spare()
         self.copy(buf, leaf)
+        self.push(buf)
+
+    def spare(self):
+        """A buffer like a leaf, from the free list or new: fill it, then ``push`` it."""
+        return self._free.pop() if self._free else self.new_buffer()
+
+    def push(self, buf):
+        """Add the leaf already in ``buf`` (from ``spare()``), without a copy; the tree owns it."""
         level = 0
         # binary counter: two partial sums of the same level are siblings in the tree
         while self._stack and self._stack[-1][0] == level:
@@ -69,6 +78,17 @@ class PairwiseSum:
                              f"{self.count}")
         (_, root), = self._stack
         return root
+
+    def take(self):
+        """``result()``, handed over: the tree no longer owns the root (``release`` it later)."""
+        root = self.result()
+        self._stack = []
+        self.count = 0
+        return root
+
+    def release(self, buf):
+        """Give a buffer (a taken root, an unused spare) back to the free list."""
+        self._free.append(buf)
 
     def reset(self):
         self._free += [buf for _, buf in self._stack]
