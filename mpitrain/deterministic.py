@@ -22,9 +22,10 @@ CLI scales the loss gradient by 1/M, a factor that does not depend on N, and sum
 so even subnormal gradients round the same way for every N.
 
 What a step costs over the default mode: M/N passes on smaller batches instead of one (smaller
-GEMMs), one copy of every gradient per pass into the leaf, log2(M/N) vector additions, and the
-tree allreduce (2 log2 N messages, the ring's volume) without overlap with backward: the
-allreduce runs in ``step()``, after the last pass. docs/benchmarks.md has the measured cost.
+GEMMs, each writing a whole weight gradient), about one vector addition per pass (no copy:
+``.grad`` is a view into the pass's leaf buffer), and the tree allreduce (2 log2 N messages,
+the ring's volume), which runs in ``step()``, after the last pass: no overlap with backward.
+docs/benchmarks.md has the measured cost.
 
 This file owns the mode's arithmetic: ``GradientTree`` (the leaves of one step and their sum
 across ranks), ``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and
