@@ -17,12 +17,13 @@ from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Pro
 # What can run here (Horovod's build booleans): comm/build_info.py.
 from mpitrain.comm import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
                            nccl_built)
-# Non-blocking collectives (comm/handles.py) and process sets (comm/process_sets.py).
+# Non-blocking collectives (comm/handles.py), process sets (comm/process_sets.py) and uneven
+# data (comm/join.py).
 from mpitrain.comm import (Handle, ProcessSet, add_process_set, allgather_async,
                            allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
                            broadcast_async_, global_process_set, grouped_allreduce_async,
-                           grouped_allreduce_async_, poll, process_sets, reducescatter_async,
-                           remove_process_set, synchronize)
+                           grouped_allreduce_async_, join, poll, process_sets,
+                           reducescatter_async, remove_process_set, synchronize)
 
 # Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
@@ -50,7 +51,7 @@ __all__ = [
     "barrier", "broadcast_object", "allgather_object", "CollectiveError",
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather_async", "broadcast_async", "broadcast_async_", "reducescatter_async",
-    "alltoall_async", "poll", "synchronize", "Handle",
+    "alltoall_async", "poll", "synchronize", "Handle", "join",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_sets",
     "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
     # training

@@ -97,6 +97,9 @@ class Config:
     accumulate: int = _opt(1, "backward passes per optimizer step: gradients of K consecutive "
                               "micro-batches of --batch-size are summed, then averaged across "
                               "ranks once (the update of one rank with the whole global batch)")
+    uneven: bool = _opt(False, "train each epoch's last, partial global batch too (default: "
+                               "dropped): one smaller step, every sample used once; ranks with "
+                               "no share of it wait in mt.join")
     deterministic: bool = _opt(False, "bitwise-identical parameters for every power-of-two "
                                       "number of ranks dividing --micro-shards: one pass per "
                                       "micro-shard, gradients summed in one fixed tree")
@@ -197,6 +200,13 @@ class Config:
         if self.fp16_allreduce and self.average == "weights":
             raise UsageError("--fp16-allreduce compresses gradients; it does not apply to "
                              "--average weights")
+        if self.uneven and self.average == "weights":
+            # a joined rank gives zeros, which only an average of gradients can weigh
+            raise UsageError("--uneven needs --average gradients (a rank without samples in "
+                             "the last step has no weights of its own to average)")
+        if self.uneven and self.accumulate > 1:
+            raise UsageError(f"--uneven with --accumulate {self.accumulate}: the last, partial "
+                             f"step cannot be cut into {self.accumulate} micro-batches; use one")
         self._validate_deterministic()
         if self.hidden is not None and self.model != "mlp":
             raise UsageError(f"--hidden {','.join(map(str, self.hidden))}: only for --model mlp, "

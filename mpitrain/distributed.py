@@ -358,9 +358,11 @@ class DistributedOptimizer:
         self._passes.reset()
         try:
             if self.backward_passes_per_step > 1 and several:
-                world_of(self.process_set, "DistributedOptimizer").agreement(
-                    "DistributedOptimizer.step",
-                    {"backward_passes_per_step": self.backward_passes_per_step}, error=error)
+                # behind whatever is in flight (another optimizer's buckets)
+                overlap.run_in_order(world_of(self.process_set, "DistributedOptimizer").agreement,
+                                     "DistributedOptimizer.step",
+                                     {"backward_passes_per_step": self.backward_passes_per_step},
+                                     error)
             elif error is not None:
                 raise ValueError(error)
         except (ValueError, CollectiveError):

@@ -7,7 +7,10 @@ Every rank runs this same code on the same Config. The rules that keep N process
   through ``_agree``, so it becomes the same UsageError on every rank (exit code 2, no hang).
 - Data: ``DistributedSampler`` gives rank r the elements r, r+N, ... of each global batch of a
   seeded per-epoch permutation, so global batch t is the same sample set for any N, and every rank
-  runs the same number of steps (the ragged tail of an epoch is dropped).
+  runs the same number of steps. The ragged tail of an epoch is dropped, or with ``--uneven``
+  trained as one smaller last step: each rank's gradient weighted by its share of it, the ranks
+  with no share in ``mt.join`` (serving the others with zeros), then the replicas made one again
+  by broadcasting the model and optimizer state from the rank ``join`` returns.
 - Averaging: ``DistributedOptimizer`` (gradients through the fusion buffer and our ring, or PNNL
   weight averaging every k steps); its ``comm_time_s`` is the communication time we report.
 - Rank 0 alone prints (config once, a tqdm bar, the test accuracy) and writes files (metrics,
@@ -315,12 +318,16 @@ class Trainer:
         while not self.done():
             self.sampler.set_epoch(self.epoch, self.position)  # the rest of the current epoch
             self.epoch_stats[:] = 0
-            batches = self.shares()  # (steps, b)
+            batches = list(self.shares())  # steps x (b,)
+            tail = self.sampler.global_remainder() if config.uneven else ()
+            if len(tail):
+                batches.append(self.sampler.remainder())  # (0 to b,): this rank's share
             if len(batches) == 0:  # resumed with a larger global batch than the epoch has left
                 self.epoch, self.position = self.epoch + 1, 0
-            for batch in batches:
-                loss = self.train_step(batch)
-                epoch_end = self._advance()
+            for i, batch in enumerate(batches):
+                last = len(tail) > 0 and i == len(batches) - 1
+                loss = self.train_step(batch, len(tail) if last else None)
+                epoch_end = self._advance(len(tail) if last else self.global_batch)
                 self._show_progress(bar, loss, epoch_end)
                 if self.step % log_every == 0 or epoch_end or self.done():
                     self._log_step(metrics)
@@ -344,6 +351,8 @@ class Trainer:
 
     # -- schedule ------------------------------------------------------------------------------
     def steps_per_epoch(self):
+        if self.config.uneven:                  # the partial last batch is a step too
+            return -(-len(self.train_set) // self.global_batch)
         return len(self.train_set) // self.global_batch
 
     def remaining_steps(self):
@@ -352,7 +361,8 @@ class Trainer:
             return max(0, config.steps - self.step)
         if self.epoch >= config.epochs:
             return 0
-        left = (len(self.train_set) - self.position) // self.global_batch
+        left = len(self.train_set) - self.position
+        left = -(-left // self.global_batch) if config.uneven else left // self.global_batch
         return left + (config.epochs - self.epoch - 1) * self.steps_per_epoch()
 
     def done(self):
@@ -377,10 +387,13 @@ class Trainer:
         done = self.epoch + (self.position + self.global_batch) / len(self.train_set)
         return self.base_lr * min(1.0, done / self.config.warmup_epochs) * decay
 
-    def _advance(self):
-        """Count the step just taken; True if it was the epoch's last (then the next begins)."""
-        self.step, self.position = self.step + 1, self.position + self.global_batch
-        epoch_end = self.position + self.global_batch > len(self.train_set)
+    def _advance(self, samples):
+        """Count the step of ``samples`` just taken; True if it was the epoch's last (then the
+        next begins)."""
+        self.step, self.position = self.step + 1, self.position + samples
+        # what is left is not a whole global batch (or, with --uneven, nothing is left)
+        epoch_end = self.position + (1 if self.config.uneven else self.global_batch) > len(
+            self.train_set)
         if epoch_end:
             self.epoch, self.position = self.epoch + 1, 0
         return epoch_end
@@ -393,16 +406,24 @@ class Trainer:
         host = np.ascontiguousarray(host).reshape((len(idx),) + shape)        # (b, ...)
         return host if self.backend.name == "cpu" else self.backend.to_device(host)
 
-    def train_step(self, idx):
+    def train_step(self, idx, tail=None):
         """One optimizer step on this rank's share ``idx`` of the global batch: --accumulate
         consecutive slices of it (micro-batches of --batch-size), one forward and backward pass
         each with the loss scaled by 1/accumulate, so the summed gradients are the share's mean
-        (the optimizer averages them across ranks during the last pass). Returns the mean loss."""
+        (the optimizer averages them across ranks during the last pass). Returns the mean loss.
+
+        tail: the size of a partial last global batch (--uneven) that ``idx`` is a share of:
+        the gradient is scaled by ranks x len(idx) / tail, so the average over ranks is the
+        mean over the tail's samples; a rank with no share waits in ``mt.join`` meanwhile, and
+        then every rank takes the model and optimizer state of the rank ``join`` returns."""
         trace = timeline.current()  # disabled unless --timeline names a file
         start = time.perf_counter()
         comm_before = self.optimizer.comm_time_s
         self.optimizer.lr = self.lr_now()
         self.optimizer.zero_grad()
+        if tail is not None and len(idx) == 0:
+            return self._join_step(start, comm_before)
+        weight = self.pass_weight if tail is None else self.size * len(idx) / tail
         loss_sum, correct, rows = 0.0, 0, []
         for j, micro in enumerate(idx.reshape(self.passes, -1)):                  # (A, b)
             if self.interval_shards is not None:   # masks keyed by micro-shard, not by rank
@@ -417,8 +438,8 @@ class Trainer:
                 loss = self.loss_fn.forward(logits, y)
             with trace.span("backward"):
                 grad = self.loss_fn.backward()                                    # (b, K)
-                if self.pass_weight != 1.0:
-                    self.backend.scale(grad, self.pass_weight)
+                if weight != 1.0:
+                    self.backend.scale(grad, weight)
                 # each layer's gradients start their allreduce as soon as that layer is done
                 # (on the last micro-batch: the optimizer counts the passes)
                 self.model.backward(grad, on_layer_done=self.optimizer.backward_hook)
@@ -428,8 +449,10 @@ class Trainer:
         with trace.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
             self.backend.synchronize()
-        self.step_times.append(time.perf_counter() - start)
-        self.comm_times.append(self.optimizer.comm_time_s - comm_before)
+        if tail is not None:
+            self._join_step(start, comm_before)
+        else:
+            self._record(start, comm_before)
         stats = (loss_sum, correct, len(idx))
         self.interval += stats
         self.epoch_stats += stats

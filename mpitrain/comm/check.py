@@ -27,11 +27,12 @@ import math
 
 import numpy as np
 
-from mpitrain.comm import watchdog
+from mpitrain.comm import join_policy, watchdog
 
 HEADER_BYTES = 16
 INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
 _MASK = (1 << 62) - 1
+JOINED = 1 << 62        # sent instead of a fingerprint by a joined rank: never a fingerprint
 _ROW = (HEADER_BYTES + INLINE_BYTES) // 8
 
 
@@ -52,13 +53,14 @@ class Agreement:
         self.size = comm.Get_size()
         self.enabled = bool(enabled)
         self.usable = self.enabled and self.size > 1   # whether agreements exchange messages
-        self.send = np.zeros(_ROW, np.int64)                 # [fingerprint, unused, payload...]
+        self.send = np.zeros(_ROW, np.int64)         # [fingerprint, join round, payload...]
         self.send_payload = self.send.view(np.uint8)[HEADER_BYTES:]
         rows = np.empty((self.size, _ROW), np.int64)
         # every rank's row, its fingerprint column, its payload bytes
         self.rows, self.column = rows, rows[:, 0]
         self.payload_rows = rows.view(np.uint8)[:, HEADER_BYTES:]       # (size, INLINE_BYTES)
         self.digests = {}
+        self.rounds = 0      # Allgathers so far: the same count on every rank (join.py's clock)
 
     def fingerprint(self, desc, key=None):
         """62-bit digest of a description, identical in every process (no per-process hash
@@ -112,18 +114,42 @@ class Agreement:
 
     def exchange(self, h, desc):
         """Every collective's first MPI call: fixed-size, whatever the collective and arguments,
-        so ranks that disagree still make matching calls and learn it instead of blocking."""
+        so ranks that disagree still make matching calls and learn it instead of blocking.
+
+        Ranks that have joined (join.py) send JOINED instead of a fingerprint: then the lowest
+        active rank broadcasts ``desc`` to them, they run the same collective with a neutral
+        contribution (or none of them does, and every active rank raises the same refusal,
+        join_policy.py), and the exchange runs again, now with every fingerprint equal."""
         self.send[0] = h
         record = self.record
         record.enter(desc)
         try:
-            self.comm.Allgather(self.send, self.rows)
+            while True:
+                self.rounds += 1
+                self.comm.Allgather(self.send, self.rows)
+                # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
+                fingerprints = self.column.tolist()
+                if fingerprints.count(h) == len(fingerprints):
+                    return
+                joined = [r for r, f in enumerate(fingerprints) if f == JOINED]
+                if not joined or fingerprints.count(h) + len(joined) != len(fingerprints):
+                    raise CollectiveError(explain(self.comm.allgather(desc)))
+                active = next(r for r, f in enumerate(fingerprints) if f != JOINED)
+                self.comm.bcast(desc, root=active)       # what the joined ranks are to run
+                refused = join_policy.refusal(desc, joined)
+                if refused is not None:
+                    raise CollectiveError(refused)
         finally:
             record.leave()
-        # Plain Python on N ints: cheaper than NumPy's per-call overhead at this size.
-        fingerprints = self.column.tolist()
-        if fingerprints.count(h) != len(fingerprints):
-            raise CollectiveError(explain(self.comm.allgather(desc)))
+
+    def joined_round(self, joined_at):
+        """One exchange of a joined rank (join.py): every rank's fingerprint, JOINED where that
+        rank has joined too, and every rank's ``joined_at`` (int64 rows, valid where JOINED)."""
+        self.send[0] = JOINED
+        self.send[1] = joined_at
+        self.rounds += 1
+        self.comm.Allgather(self.send, self.rows)
+        return self.column.tolist(), self.rows[:, 1]
 
 
 def fingerprint(desc):
@@ -164,27 +190,29 @@ class Prepared:
 
 
 def explain(descs):
-    """One line naming what differs, with the ranks holding each value (same on every rank)."""
-    kinds = group([d[0] for d in descs])
+    """One line naming what differs, with the ranks holding each value (same on every rank).
+    A None description is a joined rank's (join.py): it is left out, ranks keep their numbers."""
+    ranked = [(r, d) for r, d in enumerate(descs) if d is not None]
+    kinds = group([(r, d[0]) for r, d in ranked])
     if len(kinds) > 1:
         return "ranks called different collectives: " + format_groups(kinds)
-    kind = descs[0][0]
-    errors = [(r, d[2]) for r, d in enumerate(descs) if d[2] is not None]
+    kind = ranked[0][1][0]
+    errors = [(r, d[2]) for r, d in ranked if d[2] is not None]
     if errors:
         text = "; ".join(f"rank {r}: {e}" for r, e in errors)
         return f"{kind}: invalid arguments on some ranks ({text})"
     parts = []
-    for key in descs[0][1]:
-        groups = group([d[1].get(key) for d in descs])
+    for key in ranked[0][1][1]:
+        groups = group([(r, d[1].get(key)) for r, d in ranked])
         if len(groups) > 1:
             parts.append(f"{key} differs across ranks: {format_groups(groups)}")
     return f"{kind}: " + ("; ".join(parts) or "arguments differ across ranks")
 
 
-def group(values):
-    """value -> ranks, in order of first appearance."""
+def group(ranked_values):
+    """[(rank, value)] -> {repr(value): ranks}, in order of first appearance."""
     groups = {}
-    for r, v in enumerate(values):
+    for r, v in ranked_values:
         groups.setdefault(repr(v), []).append(r)
     return groups
 

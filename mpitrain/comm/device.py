@@ -351,7 +351,7 @@ def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_f
 
 def _allreduce_checked(state, kind, fam, a, err, op, name, prescale, postscale):
     op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
-    fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str)
+    fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str, device=True)
     state.agreement("allreduce", fields, err or err2)
     _allreduce_flat(state, fam, _flat(a), op, pre, post)
     return a
@@ -403,7 +403,8 @@ def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold
     except ValueError as exc:
         threshold, threshold_err = None, str(exc)
     fields.update(name=name, threshold_bytes=threshold,
-                  arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays))
+                  arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays),
+                  device=True)        # moved by the device's transport (join_policy.py)
     state.agreement("grouped_allreduce", fields, first_error(err, threshold_err, *errors))
     if not arrays:
         return []

@@ -14,7 +14,9 @@ background thread per process, and ``finish`` waits for them only before the upd
 Rules that keep N processes consistent (and reruns bitwise identical):
 - The plan is fixed at the first call from the (shape, dtype) sequence, agreed across ranks once
   (the World's agreement, check.py: a mismatch is a CollectiveError on every rank), and identical
-  on every rank.
+  on every rank. Each step's first bucket is preceded by one prepared agreement of the same
+  description ("allreduce buckets"): the exchange through which a rank that has run out of data
+  (join.py) learns that a step is being reduced, and takes part in it with zeros.
 - Buckets are submitted strictly in plan order, whatever order the arrays are reported in, and
   one thread runs them in submission order: every rank issues the same allreduces in the same
   order, so MPI's matching and the ring's tags stay consistent.
@@ -31,10 +33,13 @@ an array alone in its bucket, contiguous and already of the wire dtype, is reduc
 """
 import numpy as np
 
-from mpitrain.comm import handles, world
+from mpitrain.comm import check, handles, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
 from mpitrain.comm.handles import comm_thread_available
 from mpitrain.kernels import cpu
+
+
+STEP_KIND = "allreduce buckets"     # the per-step agreement's kind
 
 
 def run_in_order(fn, *args):
@@ -83,20 +88,15 @@ class BucketAllreduce:
         self.describe = dict(describe)
         self.overlap = overlap and comm_thread_available()
         self.buckets = None
+        self._step_check = None
         self._bucket_of = []
         self._reset_step()
 
     # -- plan ------------------------------------------------------------------------------------
     def _plan(self):
-        """Consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array);
-        an array of at least buckets.SOLO_BYTES that needs no cast has a bucket of its own (it
-        is reduced in place: no pack, no unpack copy)."""
         no_cast = [w == d for (_, d), w in zip(self.specs, self.wire)]
-        sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in self.specs]
-        plan = plan_buckets(sizes, self.wire, self.threshold_bytes, SOLO_BYTES,
-                            consecutive=True, may_go_solo=no_cast)
         buckets = []
-        for index, b in enumerate(plan):
+        for index, b in enumerate(plan(self.specs, self.wire, self.threshold_bytes)):
             inplace = len(b.entries) == 1 and no_cast[b.entries[0][0]]
             flat = None if inplace else np.empty(b.total, b.dtype)             # (total,)
             buckets.append(_Bucket(index, b, flat))
@@ -106,11 +106,16 @@ class BucketAllreduce:
         fields = dict(self.describe, threshold_bytes=self.threshold_bytes,
                       arrays=tuple((s, d.str) for s, d in self.specs),
                       wire=tuple(w.str for w in self.wire), overlap=True)
-        # Once per plan, on the caller's thread, with nothing in flight: ranks whose arrays
-        # differ learn it here, all of them, before any bucket moves.
+        # Once per plan, before any bucket of it moves: ranks whose arrays differ learn it
+        # here, all of them. Behind whatever is in flight (another optimizer's buckets).
         if self.state is None:
             self.state = world.current()
-        self.state.agreement("grouped_allreduce", fields)
+        agreement = self.state.agreement
+        handles.ordered(agreement, "grouped_allreduce", fields)
+        # and once per step, before the first bucket: the collective a rank that has joined
+        # (join.py) learns the step from -- one small exchange, prepared once
+        self._step_check = (check.Prepared(agreement, STEP_KIND, fields) if agreement.usable
+                            else None)
         self.buckets = self._plan()
         self._bucket_of = [0] * len(self.specs)
         for b in self.buckets:
@@ -207,6 +212,8 @@ class BucketAllreduce:
             raise
 
     def _reduce(self, flat, index, nbytes, tid):
+        if index == 0 and self._step_check is not None:
+            self._step_check()
         # Watched like an agreement (watchdog.py): a rank that never sends its gradients is
         # named; the caller makes no MPI call while buckets are in flight, so this is the one
         # collective running in this process.
@@ -218,6 +225,17 @@ class BucketAllreduce:
                 self.reduce_flat(flat)
         finally:
             record.leave()
+
+
+def plan(specs, wire, threshold_bytes):
+    """The buckets (buckets.Bucket) of arrays ``specs`` [(shape, dtype)] travelling as ``wire``
+    dtypes: consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array);
+    an array of at least buckets.SOLO_BYTES that needs no cast has a bucket of its own (it is
+    reduced in place: no pack, no unpack copy). A joined rank (join.py) replays a step from it."""
+    no_cast = [np.dtype(w) == np.dtype(d) for (_, d), w in zip(specs, wire)]
+    sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in specs]
+    return plan_buckets(sizes, [np.dtype(w) for w in wire], threshold_bytes, SOLO_BYTES,
+                        consecutive=True, may_go_solo=no_cast)
 
 
 def _assign(dst, src):

@@ -43,9 +43,10 @@ per thread: a World's agreement (check.py) shares its send and receive buffers, 
 collectives of one communicator are issued in the same order on every member, so at most one
 agreement per World is in flight, whichever thread calls it (handles.py runs asynchronous
 collectives and overlap.py's buckets on one comm thread, in submission order; a blocking call
-made meanwhile queues behind them). overlap.py's buckets call no agreement (their plan is
-agreed once, on the caller's thread) but mark each bucket allreduce the same way ("allreduce
-bucket"), so the record is always the collective running. ``enter`` replaces the description
+made meanwhile queues behind them). overlap.py's buckets call one agreement per step (before
+the first bucket) and mark each bucket allreduce the same way ("allreduce bucket"), so the
+record is always the collective running. A rank waiting in ``mt.join`` (join.py) is not in a
+collective: it has run out of data, and the others may compute for a long time. ``enter`` replaces the description
 by one store (atomic under the GIL): the thread reads a consistent snapshot without a lock.
 The sequence number counts a set's agreements and buckets, which its members make in the same
 order, so "#k" names the same collective on every member; numbers start at #1 with each World

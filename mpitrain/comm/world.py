@@ -146,7 +146,7 @@ def _agreed_settings(comm, settings):
         mine = dataclasses.asdict(settings)
     every = comm.allgather(mine) if comm.Get_size() > 1 else [mine]
     differ = [f"{key} differs across ranks: "
-              f"{check.format_groups(check.group([e[key] for e in every]))}"
+              f"{check.format_groups(check.group(enumerate(e[key] for e in every)))}"
               for key in mine if len({repr(e[key]) for e in every}) > 1]
     if differ:
         raise check.CollectiveError("mt.init: " + "; ".join(differ))

@@ -21,6 +21,10 @@ the global batch stays the same set for any N). That is right for training and w
 scoring a test set: evaluate with ``mt.data.shard`` / ``mt.evaluate``, which score every sample
 exactly once.
 
+Uneven tail: ``global_remainder()`` / ``remainder()`` give the samples ``drop_last=True`` drops
+(fewer than G, strided over the ranks as above, so some ranks may get none): ``--uneven``
+trains them as one last, smaller step of the epoch (the ranks with no share call ``mt.join``).
+
 Agreement: when mpitrain is initialised, the constructor is collective (one small
 ``allgather_object``): the dataset length, ``batch_size``, ``num_replicas``, ``seed``, ``shuffle``
 and ``drop_last`` must be the same on every rank, and with ``num_replicas == mt.size()`` the ranks
@@ -123,6 +127,22 @@ class DistributedSampler:
     def indices(self):
         """This rank's indices for the rest of the epoch, int64 (steps, batch_size)."""
         return self.global_indices()[:, self.rank::self.num_replicas]  # (steps, b)
+
+    def global_remainder(self):
+        """The epoch's last, partial global batch (int64, fewer than G samples, maybe none):
+        what ``drop_last=True`` leaves out of the rest of the epoch. Empty with drop_last=False,
+        which pads it into a full batch instead."""
+        if not self.drop_last:
+            return np.zeros(0, np.int64)
+        full = (self.n - self.start) // self.global_batch * self.global_batch
+        return self.permutation()[self.start + full:]                     # (n - start - full,)
+
+    def remainder(self):
+        """This rank's share of ``global_remainder()``: its elements rank, rank+N, ... (between
+        0 and batch_size samples; ranks past the remainder's end get none). Training it, with
+        each rank's gradient weighted by its share, uses every sample of the epoch once
+        (``python -m mpitrain --uneven``; ranks without a share call ``mt.join``)."""
+        return self.global_remainder()[self.rank::self.num_replicas]
 
     def batches(self):
         yield from self.indices()

@@ -1,0 +1,156 @@
+"""``mt.join()``: a rank out of data takes part in the others' collectives until all have joined.
+
+With uneven data one rank runs out of batches while the others still have some; their next
+allreduce would wait for it for ever. A rank that calls ``join()`` instead keeps serving: every
+collective starts with the agreement exchange (check.py), in which a joined rank sends JOINED
+instead of a fingerprint. The active ranks then broadcast their description of the collective,
+and every joined rank runs the same collective with a neutral contribution::
+
+    active ranks   allreduce(x)  ------------------------------------------->  result
+                   exchange: [h, JOINED, h]  bcast desc  exchange: [h, h, h]  reduce
+    joined rank 1  join(): JOINED round  <- desc  replay allreduce(zeros) ---^  (dropped)
+
+Neutral means: the op's identity for reductions (zeros for Sum and Average, +inf / the
+largest integer for Min, -inf / the smallest for Max, ones for Product), no rows for allgather
+and alltoall, received and dropped for broadcasts. join_policy.py lists what can be served;
+the rest (a broadcast whose root has joined, ``allgather_object``, process set changes,
+device-array reductions) is a CollectiveError on every active rank, and the joined ranks keep
+waiting. ``join()`` returns, on every rank, once every rank has joined; its value is the rank
+that joined last (the highest of those that joined in the same exchange) -- the one whose
+model saw the most data, to broadcast from (Horovod's idiom).
+
+Average while ranks are joined divides by the whole set's size, joined ranks included (their
+zeros count): PyTorch's Join default (``divide_by_initial_world_size=True``) and what keeps an
+average of per-rank means equal to the mean over samples when each rank scales its gradient by
+``size * local_samples / global_samples`` (train.py's --uneven does). Tested against a
+single-process reference in tests/mpi/test_join.py.
+
+A joined rank updates nothing of its own: the gradients it helps to average are applied by the
+active ranks' optimizers only. After ``join()`` returns, broadcast the parameters and the
+optimizer state from the returned rank (``python -m mpitrain --uneven`` does) so the replicas
+agree again. The join acts on one process set (default: every rank); collectives on other
+sets that contain a joined rank are not served (the stall watchdog names it). Needs the
+cross-rank check (``MPITRAIN_CHECK=1``, the default): without the exchange there is nothing to
+learn a collective from.
+"""
+import numpy as np
+
+from mpitrain.comm import handles, host, join_policy, overlap
+from mpitrain.comm.check import JOINED
+from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.ops import Average, Max, Min, Product, Sum
+from mpitrain.comm.process_sets import global_process_set, world_of
+
+
+def join(process_set=global_process_set):
+    """Serve the other ranks' collectives with neutral contributions until every rank of
+    ``process_set`` has called ``join()``; returns the (global) rank that joined last."""
+    state = world_of(process_set, "join")
+    return handles.ordered(_join, state)        # after this rank's own collectives in flight
+
+
+def _join(state):
+    agreement = state.agreement
+    if state.size == 1:
+        return state.members[0]
+    if not agreement.enabled:
+        raise ValueError("mt.join needs the cross-rank check, which MPITRAIN_CHECK=0 turns off "
+                         "(a joined rank learns each collective from it)")
+    joined_at = agreement.rounds
+    while True:
+        fingerprints, rounds = agreement.joined_round(joined_at)
+        active = [r for r, f in enumerate(fingerprints) if f != JOINED]
+        if not active:
+            last = max(range(state.size), key=lambda r: (int(rounds[r]), r))
+            return state.members[last]
+        if len({fingerprints[r] for r in active}) > 1:
+            state.comm.allgather(None)       # the active ranks' mismatch report (check.py)
+            continue
+        desc = state.comm.bcast(None, root=active[0])
+        joined = [r for r, f in enumerate(fingerprints) if f == JOINED]
+        if join_policy.refusal(desc, joined) is None:
+            _serve(state, desc)
+
+
+def _serve(state, desc):
+    """Run the collective ``desc`` describes with a neutral contribution; drop the result."""
+    kind, fields, error = desc
+    if join_policy.check_only(desc):
+        try:      # the agreement is all there is (with an error, every rank raises it there)
+            state.agreement(kind, fields, error)
+        except ValueError:
+            pass
+        return
+    REPLAYS[kind](state, fields)
+
+
+def _neutral(shape, dtype, op):
+    """An array of the identity of ``op``: what a rank without data contributes."""
+    dtype = np.dtype(dtype)
+    if op in (Sum, Average):
+        return np.zeros(shape, dtype)
+    if op is Product:
+        return np.ones(shape, dtype)
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    if op is Min:
+        return np.full(shape, np.inf if dtype.kind == "f" else info.max, dtype)
+    assert op is Max, op
+    return np.full(shape, -np.inf if dtype.kind == "f" else info.min, dtype)
+
+
+def _allreduce(state, f):
+    host.allreduce_(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"], f["name"],
+                    f["prescale_factor"], f["postscale_factor"])
+
+
+def _grouped(state, f):
+    arrays = [_neutral(shape, dtype, f["op"]) for shape, dtype in f["arrays"]]
+    host.grouped_allreduce_(state, arrays, f["op"], f["name"], f["prescale_factor"],
+                            f["postscale_factor"], f["threshold_bytes"])
+
+
+def _buckets(state, f):
+    """One step of DistributedOptimizer's overlapped buckets (overlap.py), every bucket zeros."""
+    state.agreement(overlap.STEP_KIND, f)
+    op = Average if f["op"] == Average.value else Sum
+    for index, bucket in enumerate(overlap.plan(f["arrays"], f["wire"], f["threshold_bytes"])):
+        state.record.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
+        try:
+            allreduce_flat(state, np.zeros(bucket.total, bucket.dtype), op,
+                           f["prescale_factor"], f["postscale_factor"])
+        finally:
+            state.record.leave()
+
+
+def _allgather(state, f):
+    host.allgather(state, np.empty((0,) + tuple(f["shape[1:]"]), f["dtype"]), f["name"])
+
+
+def _broadcast(state, f):
+    host.broadcast_(state, np.empty(f["shape"], f["dtype"]), state.members[f["root_rank"]],
+                    f["name"])
+
+
+def _reducescatter(state, f):
+    host.reducescatter(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"], f["name"],
+                       f["prescale_factor"], f["postscale_factor"])
+
+
+def _alltoall(state, f):
+    rows = np.empty((0,) + tuple(f["shape[1:]"]), f["dtype"])
+    splits = np.zeros(state.size, np.int64) if f["splits given"] else None
+    host.alltoall(state, rows, splits, f["name"])
+
+
+REPLAYS = {
+    "allreduce": _allreduce,
+    "grouped_allreduce": _grouped,
+    overlap.STEP_KIND: _buckets,
+    "allgather": _allgather,
+    "broadcast": _broadcast,
+    "reducescatter": _reducescatter,
+    "alltoall": _alltoall,
+    "barrier": lambda state, f: host.barrier(state),
+    "broadcast_object": lambda state, f: host.broadcast_object(
+        state, None, state.members[f["root_rank"]]),
+}
