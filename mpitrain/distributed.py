@@ -169,7 +169,8 @@ class DistributedOptimizer:
     whose gradients are summed locally (scale the loss by 1/k for their mean) and, in gradients
     mode, averaged across ranks once, during the k-th pass (overlapped with it). The hook counts
     the passes (needed for k > 1); ``step()`` at another count raises ValueError (on every rank:
-    for k > 1 the count is agreed after the average) and drops the accumulated gradients.
+    the count is agreed after the average, one small exchange per step, also for k = 1 -- two
+    hooked passes before a step, say) and drops the accumulated gradients.
     ``with opt.no_sync():`` (PyTorch's idiom) passes inside add to the gradients without being
     counted or averaged; the next pass outside averages them all. In weights mode the k passes
     make one local step (nothing is sent per pass anyway; the weights are still averaged every
@@ -357,7 +358,7 @@ class DistributedOptimizer:
         # checked after the average, so that ranks at different counts made the same calls
         self._passes.reset()
         try:
-            if self.backward_passes_per_step > 1 and several:
+            if several:
                 # behind whatever is in flight (another optimizer's buckets)
                 overlap.run_in_order(world_of(self.process_set, "DistributedOptimizer").agreement,
                                      "DistributedOptimizer.step",

@@ -166,6 +166,21 @@ def test_ranks_at_different_counts_get_a_collective_error_not_a_hang(overlap):
     assert mt.allreduce(np.ones(2), op=mt.Sum)[0] == N
 
 
+@pytest.mark.skipif(N == 1, reason="needs ranks at different counts")
+def test_two_hooked_passes_at_k_1_on_one_rank_raise_on_every_rank():
+    model, opt, run_pass = _one_step_setup(1)
+    before = model.state_dict(copy=True)
+    for _ in range(2 if R == 0 else 1):       # rank 0 runs a second pass before its step
+        run_pass()
+    with pytest.raises(mt.CollectiveError, match="rank 0: step\\(\\) after 2 backward passes"):
+        opt.step()
+    assert _close(model.state_dict(copy=True), before, rtol=0)    # no rank stepped
+    run_pass()
+    opt.step()
+    states = mt.allgather_object(model.state_dict(copy=True))
+    assert all(_close(s, states[0], rtol=0) for s in states)
+
+
 def test_the_count_needs_the_hook_and_a_pass_outside_no_sync():
     model, opt, run_pass = _one_step_setup(2)
     run_pass(hook=False)
