@@ -127,7 +127,6 @@ class BucketAllreduce:
         self._missing = None if self.buckets is None else [len(b.entries) for b in self.buckets]
         self._next = 0           # next bucket to submit (plan order)
         self._futures = []
-        self._direct = {}        # bucket index -> array reduced in place
         self._failed = False
 
     # -- per step --------------------------------------------------------------------------------

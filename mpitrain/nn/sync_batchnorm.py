@@ -13,36 +13,46 @@ forward through the public comm API, sums over the world with ``mpitrain.allredu
 behind any gradient bucket already on the communication thread (``comm.overlap.run_in_order``):
 DistributedOptimizer's overlap reduces buckets on that thread during backward, and a collective
 issued from the main thread at the same time would race it on the same communicator. Device
-arrays reduce on the calling thread (gradient overlap is host-only). Pass your own ``reduce``
-to synchronise over a subset of ranks.
+arrays reduce on the calling thread (gradient overlap is host-only). ``process_set=`` (a
+``mt.ProcessSet``, as DistributedOptimizer's) shares the statistics among that set's ranks only
+-- e.g. one set per group of ranks that trains one model; pass your own ``reduce`` for anything
+else.
 """
+import functools
+
 import numpy as np
 
 from mpitrain.nn.batchnorm import BatchNormBase
 
 
-def world_sum_(array):
-    """Sum ``array`` in place over every rank, ordered after in-flight gradient buckets."""
+def world_sum_(array, process_set=None):
+    """Sum ``array`` in place over every rank (or a process set's), ordered after in-flight
+    gradient buckets."""
     from mpitrain import comm
     from mpitrain.comm import overlap
     from mpitrain.comm.ops import on_device
+    ranks = comm.global_process_set if process_set is None else process_set
     if on_device(array):
-        comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm")
+        comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm", process_set=ranks)
         return
-    overlap.run_in_order(lambda: comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm"))
+    overlap.run_in_order(lambda: comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm",
+                                                 process_set=ranks))
 
 
 class SyncBatchNorm(BatchNormBase):
     """BatchNorm over the global batch; input (N, C) or (N, C, H, W).
 
-    ``reduce(array)``: sums a float64 array in place across the ranks (default: the world,
-    safe with gradient overlap; see the module docstring).
+    ``reduce(array)``: sums a float64 array in place across the ranks (default: the world, or
+    ``process_set``'s ranks; safe with gradient overlap; see the module docstring).
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, kernels=None,
-                 dtype=np.float32, reduce=None):
+                 dtype=np.float32, reduce=None, process_set=None):
         super().__init__(num_features, eps, momentum, affine, kernels, dtype)
-        self.reduce = reduce if reduce is not None else world_sum_
+        if reduce is not None and process_set is not None:
+            raise ValueError("SyncBatchNorm: pass reduce= or process_set=, not both")
+        self.reduce = (reduce if reduce is not None
+                       else functools.partial(world_sum_, process_set=process_set))
 
     def _reduce_forward(self, packed, count):
         self.reduce(packed)
@@ -52,21 +62,23 @@ class SyncBatchNorm(BatchNormBase):
         self.reduce(stats)
 
     @classmethod
-    def convert(cls, model, reduce=None):
+    def convert(cls, model, reduce=None, process_set=None):
         """``model`` with every BatchNorm1d/2d replaced by a SyncBatchNorm that shares its
         Parameters and running statistics (an optimizer built before still holds the right
-        arrays); returns the model (or the new layer when ``model`` is itself a BatchNorm)."""
+        arrays); returns the model (or the new layer when ``model`` is itself a BatchNorm).
+        ``process_set``: the ranks that share statistics (PyTorch's ``process_group``)."""
         if isinstance(model, BatchNormBase) and not isinstance(model, cls):
-            return cls._from(model, reduce)
+            return cls._from(model, reduce, process_set)
         for _, parent in model.named_modules():
             for name, child in parent.named_children():
                 if isinstance(child, BatchNormBase) and not isinstance(child, cls):
-                    parent.replace_child(name, cls._from(child, reduce))
+                    parent.replace_child(name, cls._from(child, reduce, process_set))
         return model
 
     @classmethod
-    def _from(cls, bn, reduce):
-        new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.kernels, bn.dtype, reduce)
+    def _from(cls, bn, reduce, process_set=None):
+        new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.kernels, bn.dtype, reduce,
+                  process_set)
         new.training = bn.training
         if bn.affine:
             new.weight = new._params["weight"] = bn.weight

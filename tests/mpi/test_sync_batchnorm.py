@@ -94,3 +94,25 @@ def test_plain_batchnorm_is_per_rank():
     bn.forward(np.ascontiguousarray(x[R::N] * (R + 1)))
     means = mt.allgather(bn.running_mean.reshape(1, -1))
     assert not np.allclose(means[0], means[1])
+
+
+@pytest.mark.skipif(N < 3, reason="needs a process set beside a rank outside it")
+def test_process_set_shares_statistics_among_its_ranks_only():
+    """Ranks 0 and 2 share their statistics: each sees the BatchNorm of their two batches."""
+    ps = mt.add_process_set([0, 2])
+    x, r = _global_input((3, 4, 5, 5), seed=9)                  # (3N, ...): rank r's is x[r::N]
+    if ps.included():
+        pair = np.concatenate([x[0::N], x[2::N]])               # the set's batch, in rank order
+        ref = BatchNorm2d(4, dtype=np.float64)
+        y_ref = ref.forward(pair)
+        sync = SyncBatchNorm.convert(BatchNorm2d(4, dtype=np.float64), process_set=ps)
+        y = sync.forward(np.ascontiguousarray(x[R::N]))
+        mine = slice(0, 3) if R == 0 else slice(3, 6)
+        np.testing.assert_allclose(y, y_ref[mine], rtol=1e-10, atol=1e-10)
+        gx = sync.backward(np.ascontiguousarray(r[R::N]))
+        gx_ref = ref.backward(np.concatenate([r[0::N], r[2::N]]))
+        np.testing.assert_allclose(gx, gx_ref[mine], rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(sync.running_var, ref.running_var, rtol=1e-12)
+    with pytest.raises(ValueError, match="not both"):
+        SyncBatchNorm(4, reduce=lambda a: None, process_set=ps)
+    mt.remove_process_set(ps)
