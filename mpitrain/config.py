@@ -232,7 +232,6 @@ class Config:
                    ("--fp16-allreduce", self.fp16_allreduce),
                    ("--uneven", getattr(self, "uneven", False)),
                    ("--sync-bn", self.sync_bn),
-                   (f"--model {self.model} (BatchNorm)", self.model.startswith("resnet")),
                    ("--device cuda", self.device == "cuda")]
         for flag, given in refused:
             if given:

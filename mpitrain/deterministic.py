@@ -29,12 +29,14 @@ docs/benchmarks.md has the measured cost.
 
 This file owns the mode's arithmetic: ``GradientTree`` (the leaves of one step and their sum
 across ranks), ``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and
-micro-shard, not by rank) and ``ShardSums`` (metric sums in micro-shard order).
+micro-shard, not by rank), ``BatchNormReplay`` (running statistics updated in micro-shard
+order) and ``ShardSums`` (metric sums in micro-shard order).
 """
 import numpy as np
 
 from mpitrain import kernels as _kernels
 from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
+from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
 
 DEFAULT_MICRO_SHARDS = 8
@@ -183,6 +185,50 @@ def seed_dropout(model, step, micro_shard, micro_shards):
     for layer in model.modules():
         if isinstance(layer, Dropout):
             layer.calls = step * micro_shards + micro_shard
+
+
+class BatchNormReplay:
+    """BatchNorm's running statistics in micro-shard order, whatever N.
+
+    A training forward normalises by its own micro-shard's statistics (N-independent) and moves
+    the running mean and variance by them: one rank running all M micro-shards moves them M
+    times in order, while N ranks would each move their own copy k times. So: ``begin_step``
+    keeps the running statistics, ``after_pass`` records each layer's batch sums of the pass,
+    and ``end_step(allgather)`` gathers every rank's sums (rank order = micro-shard order),
+    restores the kept statistics and replays the M updates in micro-shard order on every rank
+    -- the same updates one rank makes, bit for bit. One small allgather per step; nothing for
+    a model without BatchNorm.
+    """
+
+    def __init__(self, model):
+        self.layers = [m for m in model.modules() if isinstance(m, BatchNormBase)]
+        self.kept, self.rows = [], []
+
+    def begin_step(self):
+        if self.layers:
+            k = self.layers[0].kernels
+            self.kept = [(np.array(k.to_host(m.running_mean)), np.array(k.to_host(m.running_var)))
+                         for m in self.layers]
+            self.rows = []
+
+    def after_pass(self):
+        if self.layers:
+            self.rows.append(np.concatenate([m.batch_sums() for m in self.layers]))
+
+    def end_step(self, allgather):
+        if not self.layers:
+            return
+        every = allgather(np.stack(self.rows))                  # (M, sum of 2C+1)
+        for m, (mean, var) in zip(self.layers, self.kept):
+            m.kernels.copy(m.running_mean, m.kernels.to_device(mean))
+            m.kernels.copy(m.running_var, m.kernels.to_device(var))
+        for row in every:
+            off = 0
+            for m in self.layers:
+                n = 2 * m.num_features + 1
+                m.update_running(row[off:off + n])
+                off += n
+        self.rows = []
 
 
 class ShardSums:

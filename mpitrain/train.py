@@ -48,7 +48,7 @@ from mpitrain import threads, timeline
 from mpitrain.config import MODEL_SHAPES, UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
-from mpitrain.deterministic import ShardSums, seed_dropout
+from mpitrain.deterministic import BatchNormReplay, ShardSums, seed_dropout
 from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
                                   broadcast_parameters)
 
@@ -267,8 +267,9 @@ class Trainer:
         # --deterministic (deterministic.py): this rank's contiguous M/N micro-shards, one pass
         # each, the loss gradient x 1/M; metric sums in micro-shard order (ShardSums)
         self.passes, self.pass_weight = self.accumulate, 1.0 / self.accumulate
-        self.interval_shards = self.epoch_shards = None
+        self.interval_shards = self.epoch_shards = self.bn_replay = None
         if config.deterministic:
+            self.bn_replay = BatchNormReplay(model)    # running statistics in micro-shard order
             self.passes = config.micro_shards // self.size
             self.pass_weight = 1.0 / config.micro_shards
             self.interval_shards, self.epoch_shards = ShardSums(), ShardSums()
@@ -425,6 +426,8 @@ class Trainer:
             return self._join_step(start, comm_before)
         weight = self.pass_weight if tail is None else self.size * len(idx) / tail
         loss_sum, correct, rows = 0.0, 0, []
+        if self.bn_replay is not None:
+            self.bn_replay.begin_step()
         for j, micro in enumerate(idx.reshape(self.passes, -1)):                  # (A, b)
             if self.interval_shards is not None:   # masks keyed by micro-shard, not by rank
                 seed_dropout(self.model, self.step, self.rank * self.passes + j,
@@ -446,8 +449,12 @@ class Trainer:
             loss_sum += loss * len(micro)
             correct += self.loss_fn.correct
             rows.append((loss * len(micro), self.loss_fn.correct, len(micro)))
+            if self.bn_replay is not None:
+                self.bn_replay.after_pass()
         with trace.span("optimizer.step", step=self.step + 1):
             self.optimizer.step()
+            if self.bn_replay is not None:
+                self.bn_replay.end_step(mt.allgather)
             self.backend.synchronize()
         if tail is not None:
             self._join_step(start, comm_before)
@@ -567,7 +574,9 @@ class Trainer:
         before the model is evaluated or written every rank takes their mean (one small
         allreduce), so the ranks hold one model. SyncBatchNorm's are equal already: untouched."""
         buffers = self.model.buffers()
-        if self.size > 1 and buffers and not self.config.sync_bn:
+        # --deterministic: equal already (replayed in micro-shard order); a mean of N equal
+        # values need not give their bits back
+        if self.size > 1 and buffers and not (self.config.sync_bn or self.config.deterministic):
             mt.grouped_allreduce_(buffers, op=mt.Average, name="Trainer.buffers")
 
     def save_checkpoint(self):

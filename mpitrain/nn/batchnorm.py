@@ -53,6 +53,7 @@ class BatchNormBase(Layer):
         # forward sums and count in one flat array, so SyncBatchNorm sends one message
         self._fwd = k.empty((2 * c + 1,), np.float64)                          # (2C+1,)
         self._bwd = k.empty((2, c), np.float64)                                # (2, C)
+        self._replay = None     # update_running's scratch: stats, mean, invstd
 
     def _weight(self):
         return self.weight.data if self.affine else self._ones
@@ -113,6 +114,26 @@ class BatchNormBase(Layer):
         k.bn_backward_input(grad_y, self._x, self._mean, self._invstd, self._weight(), stats,
                             self._count, grad_x)
         return grad_x
+
+    def batch_sums(self):
+        """The last training forward's per-channel sums, sums of squares and element count,
+        (2C+1,) float64 on the host (a copy; SyncBatchNorm's: over every rank): what
+        ``update_running`` takes."""
+        return np.array(self.kernels.to_host(self._fwd), np.float64)                # (2C+1,)
+
+    def update_running(self, sums):
+        """Move the running statistics by one batch whose ``batch_sums()`` are ``sums``, as a
+        training forward does, leaving the forward's batch moments alone. The deterministic mode
+        replays every micro-shard's update in micro-shard order on every rank with it."""
+        k, c = self.kernels, self.num_features
+        if self._replay is None:
+            self._replay = (k.empty((2, c), np.float64), k.empty((c,), self.dtype),
+                            k.empty((c,), self.dtype))
+        stats, mean, invstd = self._replay
+        sums = np.asarray(sums, np.float64)
+        k.copy(stats, k.to_device(np.ascontiguousarray(sums[:2 * c].reshape(2, c))))
+        k.bn_moments(stats, float(sums[2 * c]), self.eps, self.momentum, mean, invstd,
+                     self.running_mean, self.running_var)
 
     def __repr__(self):
         return (f"{type(self).__name__}({self.num_features}, eps={self.eps}, "

@@ -1,6 +1,6 @@
 """--deterministic through the CLI: N = 1, 2, 4 ranks at one global batch write byte-identical
---save files (MLP and LeNet, SGD with momentum and Adam), also across a checkpoint/resume that
-changes N; the step records are the same numbers; N = 3 and the flags the mode cannot keep its
+--save files (MLP and LeNet, SGD with momentum and Adam; ResNet-20 with its BatchNorm running
+statistics), also across a checkpoint/resume that changes N; the step records are the same numbers; N = 3 and the flags the mode cannot keep its
 promise with are one line and exit 2.
 
 Sizes: a global batch of 16 in the default 8 micro-shards of 2 samples; 10+ steps cross an
@@ -41,6 +41,10 @@ CASES = {
                   "--momentum", "0.9", "--lr", "0.02", "--augment", "crop,flip", "--steps", "10"],
     "lenet-adam": ["--model", "lenet", "--synthetic-samples", "64", "--optimizer", "adam",
                    "--lr", "0.001", "--steps", "10"],
+    # BatchNorm: running statistics replayed in micro-shard order (deterministic.py)
+    "resnet20-sgd": ["--model", "resnet20", "--synthetic-samples", "64", "--optimizer", "sgd",
+                     "--momentum", "0.9", "--lr", "0.05", "--weight-decay", "5e-4",
+                     "--steps", "10"],
 }
 
 
@@ -78,7 +82,7 @@ def test_resume_on_another_n_is_the_uninterrupted_run(tmp_path):
     (1, ["--micro-shards", "6"], "--micro-shards 6: must be a power of two"),
     (1, ["--average", "weights"], "--deterministic does not support --average weights"),
     (1, ["--fp16-allreduce"], "--deterministic does not support --fp16-allreduce"),
-    (1, ["--model", "resnet20"], "--deterministic does not support --model resnet20"),
+    (1, ["--model", "resnet20", "--sync-bn"], "--deterministic does not support --sync-bn"),
 ])
 def test_what_it_cannot_promise_is_one_line_and_exit_2(tmp_path, n, flags, message):
     if message is None:                       # a valid combination: M = N = 2, k = 1 pass
