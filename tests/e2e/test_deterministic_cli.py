@@ -7,12 +7,13 @@ Sizes: a global batch of 16 in the default 8 micro-shards of 2 samples; 10+ step
 epoch end (64 or 128 samples). Launches are the cost here, so each case is one run per N.
 """
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.support.launch import MPIEXEC, child_env
+from tests.support.launch import MPIEXEC, REPO, child_env
 
 G = 16
 
@@ -95,3 +96,16 @@ def test_what_it_cannot_promise_is_one_line_and_exit_2(tmp_path, n, flags, messa
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mpitrain: error: {message}"), p.stderr
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_own_loop_example_of_the_docs_saves_the_same_bytes_at_one_and_two_ranks(tmp_path):
+    """docs/byo_loop.md's ``deterministic=True`` loop, as written."""
+    doc = (REPO / "docs" / "byo_loop.md").read_text()
+    code, = re.findall(r"```python deterministic\n(.*?)```", doc, flags=re.S)
+    (tmp_path / "det.py").write_text(code)
+    for n in (1, 2):
+        p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable,
+                            "det.py"], cwd=tmp_path, env=child_env(settings=True),
+                           capture_output=True, text=True, timeout=150)
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "params-2.npz").read_bytes() == (tmp_path / "params-1.npz").read_bytes()
