@@ -123,7 +123,7 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
         "abort.install_abort_hook()\n"
         "mt.init()\n"
         "if mt.rank() == 1:\n"
-        "    def boom(self, idx):\n"
+        "    def boom(self, *args):\n"
         "        raise ZeroDivisionError('injected on rank 1')\n"
         "    train.Trainer.train_step = boom\n"
         f"sys.exit(run_cli({TINY + ['--steps', '50']!r}))\n")
