@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also wh
 import benchdeps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = ("mlp", "lenet", "cifar_cnn")
+MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20", "resnet32", "resnet56")   # config.MODELS
 REQUIRED = ("samples_per_sec", "step_time_ms", "comm_time_ms", "ranks", "steps")
 
 
