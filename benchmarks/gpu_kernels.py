@@ -4,7 +4,8 @@
                                      [--rounds 5] [--json PATH | --out DIR]
 
 For each CUDA flavour that loads (kernels/cuda_cupy.py, kernels/cuda_numba.py), every memory-bound
-kernel of the training step is timed on ``--elements`` float32 elements and its effective
+kernel of the training step is timed on ``--elements`` float32 elements (ResNet's BatchNorm,
+pooling and shortcut kernels on an (N, 16, 28, 28) batch of that size) and its effective
 bandwidth (bytes it must read + write, divided by time) is compared with a plain device-to-device
 memcpy of the same buffer timed in the same run: the issue's target is >= 70 % of that copy. GEMM
 is a square ``--gemm``^3 float32 product (2 n^3 flops; cuBLAS for CuPy, the tiled shared-memory
@@ -102,6 +103,37 @@ def elementwise_cases(k, n):
     ], (a, b, c)
 
 
+def norm_cases(k, n):
+    """(name, callable, bytes moved per call) for ResNet's kernels (issue 11) on an
+    (N, 16, 28, 28) float32 batch of about ``n`` elements: BatchNorm's passes over the
+    activations, global average pooling and the option-A shortcut (each moves its activations
+    once; the per-channel vectors are noise)."""
+    c, h, w = 16, 28, 28
+    batch = max(1, n // (c * h * w))
+    shape = (batch, c, h, w)
+    rng = np.random.default_rng(4)
+    x = k.to_device(rng.standard_normal(shape).astype(np.float32))
+    g = k.to_device(rng.standard_normal(shape).astype(np.float32))
+    y, gx = k.empty(shape, np.float32), k.empty(shape, np.float32)
+    mean, invstd = k.zeros((c,), np.float32), k.to_device(np.ones(c, np.float32))
+    weight, bias = k.to_device(np.ones(c, np.float32)), k.zeros((c,), np.float32)
+    stats = k.zeros((2, c), np.float64)
+    pooled = k.empty((batch, c), np.float32)
+    wide = k.empty((batch, 2 * c, h // 2, w // 2), np.float32)     # stride 2, channels x 2
+    f = 4 * batch * c * h * w
+    return [
+        ("bn_stats", lambda: k.bn_stats(x, stats), f),
+        ("bn_forward", lambda: k.bn_forward(x, mean, invstd, weight, bias, y), 2 * f),
+        ("bn_backward_stats", lambda: k.bn_backward_stats(g, x, mean, invstd, stats), 2 * f),
+        ("bn_backward_input", lambda: k.bn_backward_input(g, x, mean, invstd, weight, stats,
+                                                          float(batch * h * w), gx), 3 * f),
+        ("global_avgpool_forward", lambda: k.global_avgpool_forward(x, pooled), f),
+        ("global_avgpool_backward", lambda: k.global_avgpool_backward(pooled, gx), f),
+        ("shortcut_forward", lambda: k.shortcut_forward(x, wide, 2, c // 2), f // 4 + f // 2),
+        ("shortcut_backward", lambda: k.shortcut_backward(wide, gx, 2, c // 2), f // 2 + f),
+    ]
+
+
 def check_results(k, a, b, c):
     """Fail loudly: a known elementwise result and a GEMM sample against NumPy."""
     k.copy(c, a)
@@ -122,6 +154,7 @@ def bench(k, args):
     n = args.elements
     cases, (a, b, c) = elementwise_cases(k, n)
     check_results(k, a, b, c)
+    cases += norm_cases(k, n)
     copy_s = best_time(k, lambda: memcpy_d2d(c, a), args.rounds, args.repeat)
     copy_gbs = 2 * 4 * n / copy_s / 1e9
     rows = []
