@@ -10,12 +10,11 @@ and every joined rank runs the same collective with a neutral contribution::
                    exchange: [h, JOINED, h]  bcast desc  exchange: [h, h, h]  reduce
     joined rank 1  join(): JOINED round  <- desc  replay allreduce(zeros) ---^  (dropped)
 
-Neutral means: the op's identity for reductions (zeros for Sum and Average, +inf / the
-largest integer for Min, -inf / the smallest for Max, ones for Product), no rows for allgather
-and alltoall, received and dropped for broadcasts. join_policy.py lists what can be served;
-the rest (a broadcast whose root has joined, ``allgather_object``, process set changes,
-device-array reductions) is a CollectiveError on every active rank, and the joined ranks keep
-waiting. ``join()`` returns, on every rank, once every rank has joined; its value is the rank
+Neutral means the op's identity (zeros for Sum and Average, +inf / the largest integer for
+Min, -inf / the smallest for Max, ones for Product). join_policy.py lists what can be served:
+the reductions and the barrier. The rest -- allgather, alltoall and broadcast, as in Horovod,
+the object collectives, process set changes, device-array reductions -- is a CollectiveError
+(a RuntimeError) on every active rank, and the joined ranks keep waiting. ``join()`` returns, on every rank, once every rank has joined; its value is the rank
 that joined last (the highest of those that joined in the same exchange) -- the one whose
 model saw the most data, to broadcast from (Horovod's idiom).
 
@@ -42,9 +41,15 @@ from mpitrain.comm.ops import Average, Max, Min, Product, Sum
 from mpitrain.comm.process_sets import global_process_set, world_of
 
 
-def join(process_set=global_process_set):
-    """Serve the other ranks' collectives with neutral contributions until every rank of
-    ``process_set`` has called ``join()``; returns the (global) rank that joined last."""
+def join(device=-1, process_set=global_process_set):
+    """Serve the other ranks' reductions with neutral contributions until every rank of
+    ``process_set`` has called ``join()``; returns the (global) rank that joined last.
+
+    device: Horovod's GPU for the join's own tensor (``hvd.join(hvd.local_rank())``); accepted
+    for ported scripts and unused: this join moves no data of its own."""
+    if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+        raise ValueError(f"join: device={device!r} is not an integer (Horovod's GPU index; "
+                         f"pass process_set= by keyword)")
     state = world_of(process_set, "join")
     return handles.ordered(_join, state)        # after this rank's own collectives in flight
 
@@ -122,35 +127,15 @@ def _buckets(state, f):
             state.record.leave()
 
 
-def _allgather(state, f):
-    host.allgather(state, np.empty((0,) + tuple(f["shape[1:]"]), f["dtype"]), f["name"])
-
-
-def _broadcast(state, f):
-    host.broadcast_(state, np.empty(f["shape"], f["dtype"]), state.members[f["root_rank"]],
-                    f["name"])
-
-
 def _reducescatter(state, f):
     host.reducescatter(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"], f["name"],
                        f["prescale_factor"], f["postscale_factor"])
-
-
-def _alltoall(state, f):
-    rows = np.empty((0,) + tuple(f["shape[1:]"]), f["dtype"])
-    splits = np.zeros(state.size, np.int64) if f["splits given"] else None
-    host.alltoall(state, rows, splits, f["name"])
 
 
 REPLAYS = {
     "allreduce": _allreduce,
     "grouped_allreduce": _grouped,
     overlap.STEP_KIND: _buckets,
-    "allgather": _allgather,
-    "broadcast": _broadcast,
     "reducescatter": _reducescatter,
-    "alltoall": _alltoall,
     "barrier": lambda state, f: host.barrier(state),
-    "broadcast_object": lambda state, f: host.broadcast_object(
-        state, None, state.members[f["root_rank"]]),
 }

@@ -6,27 +6,24 @@ file is the one list of what can be served that way, read by both sides -- the a
 (check.py, to raise the same CollectiveError on every one of them) and the joined ones (join.py,
 to skip what is refused) -- so they always take the same decision from the same description.
 
-- reductions on host arrays (allreduce, grouped, reducescatter, the gradient buckets of
-  DistributedOptimizer): the op's identity (zeros for Sum and Average, +inf / the largest
-  integer for Min, ...);
-- allgather and alltoall: no rows;
-- broadcast and broadcast_object: received and dropped, unless the root itself has joined;
-- barrier, and agreements that move no data (a gradient plan's check, the step count check,
-  the argument checks that come before a device one-off staged through the host).
+Served, as in Horovod: reductions of host arrays (allreduce, grouped, reducescatter, the gradient
+buckets and step check of DistributedOptimizer) with the op's identity (zeros for Sum and
+Average, +inf / the largest integer for Min, ...), and the barrier.
 
-Refused (a CollectiveError on every active rank; the joined ranks go on waiting): anything
-else -- the object gather (``allgather_object`` has no neutral object), process set changes,
-the timeline, and reductions of device arrays, which move through the device's own transport
-(NCCL, CUDA-aware MPI) that a joined rank does not hold a buffer for.
+Refused (a CollectiveError -- a RuntimeError -- on every active rank; the joined ranks go on
+waiting): what has no neutral contribution. Horovod refuses allgather, alltoall and broadcast
+while a rank has joined ("... is not supported with Join at this time"), and so do we, with the
+object collectives; also process set changes, the timeline, the deterministic tree, and
+reductions of device arrays, which move through the device's own transport (NCCL, CUDA-aware
+MPI) that a joined rank holds no buffer for.
 """
 
-# kinds whose agreement is the whole collective for a joined rank (no data moves after it,
-# or the data moves in a later, separately described collective)
-CHECK_ONLY = frozenset(("DistributedOptimizer.step", "allgather (device)", "broadcast (device)",
-                        "broadcast_ (device)", "reducescatter (device)", "alltoall (device)"))
+# kinds whose agreement is the whole collective for a joined rank (no data moves after it, or
+# it moves in a later, separately described collective)
+CHECK_ONLY = frozenset(("DistributedOptimizer.step", "reducescatter (device)"))
 # kinds a joined rank replays with a neutral contribution (join.py)
-REPLAYED = frozenset(("allreduce", "grouped_allreduce", "allreduce buckets", "allgather",
-                      "broadcast", "reducescatter", "alltoall", "barrier", "broadcast_object"))
+REPLAYED = frozenset(("allreduce", "grouped_allreduce", "allreduce buckets", "reducescatter",
+                      "barrier"))
 
 
 def check_only(desc):
@@ -44,10 +41,9 @@ def refusal(desc, joined):
     kind, fields, _ = desc
     who = f"rank{'s' if len(joined) > 1 else ''} {list(joined)} joined (mt.join)"
     if kind not in CHECK_ONLY and kind not in REPLAYED:
-        return f"{kind}: cannot run while {who}; call it before mt.join() or after it returns"
+        return (f"{kind}: not supported while {who}, as in Horovod; call it before mt.join() "
+                f"or after it returns")
     if fields.get("device"):
-        return (f"{kind} of device arrays: cannot run while {who} (a joined rank takes part "
-                f"in host collectives only)")
-    if kind in ("broadcast", "broadcast_object") and fields.get("root_rank") in joined:
-        return f"{kind}: the root rank has joined ({who}); it has nothing to send"
+        return (f"{kind} of device arrays: not supported while {who} (a joined rank takes "
+                f"part in host reductions only)")
     return None
