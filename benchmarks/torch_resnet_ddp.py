@@ -42,7 +42,9 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # step.py, also when loaded by path
 T_PROCESS = time.perf_counter()
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530          # mpitrain/data/catalog.py, Fashion-MNIST's training split
@@ -112,52 +114,16 @@ def augment(x, rng, fill):
 
 # -- model -------------------------------------------------------------------------------------
 def build_model(torch, classes=10):
-    nn, F = torch.nn, torch.nn.functional
-
-    class BasicBlock(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.stride, self.offset = stride, (cout - cin) // 2
-            self.option_a = stride != 1 or cin != cout
-
-        def forward(self, x):
-            h = F.relu(self.bn1(self.conv1(x)))
-            h = self.bn2(self.conv2(h))
-            s = x
-            if self.option_a:                       # subsample, zero channels on both sides
-                s = F.pad(x[:, :, ::self.stride, ::self.stride],
-                          (0, 0, 0, 0, self.offset, self.offset))
-            return F.relu(h + s)
-
-    class ResNet20(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 16, 3, 1, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(16)
-            stages, c = [], 16
-            for s, width in enumerate((16, 32, 64)):
-                stages.append(nn.Sequential(*[
-                    BasicBlock(c if i == 0 else width, width, 2 if s > 0 and i == 0 else 1)
-                    for i in range(3)]))
-                c = width
-            self.stage1, self.stage2, self.stage3 = stages
-            self.fc = nn.Linear(64, classes)
-            for m in self.modules():
-                if isinstance(m, (nn.Conv2d, nn.Linear)):
-                    nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-
-        def forward(self, x):
-            x = F.relu(self.bn1(self.conv1(x)))
-            x = self.stage3(self.stage2(self.stage1(x)))
-            return self.fc(x.mean(dim=(2, 3)))
-
-    return ResNet20()
+    """step.py's PyTorch twin of our resnet20 (same modules, same parameter order), with our
+    zoo's initialisation: He-normal conv and linear weights, zero linear bias."""
+    from step import torch_resnet20
+    model = torch_resnet20(1, classes)
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+            torch.nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+    return model
 
 
 # -- run ---------------------------------------------------------------------------------------
