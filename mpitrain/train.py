@@ -305,6 +305,12 @@ class Trainer:
         self.step, self.epoch = meta["step"], meta["epoch"]
         self.position = meta["epoch_position_samples"]
         self.last_checkpoint_step = self.step
+        written = meta.get("deterministic_micro_shards")
+        if self.config.deterministic and written != self.config.micro_shards and self.rank == 0:
+            how = "without --deterministic" if written is None else f"with --micro-shards {written}"
+            print(f"mpitrain: warning: {path} was written {how}; continuing with --micro-shards "
+                  f"{self.config.micro_shards}, the parameters are not bitwise those of an "
+                  f"uninterrupted --deterministic run", file=sys.stderr, flush=True)
 
     def fit(self, metrics):
         """Train to --steps or --epochs, end on one model, evaluate; returns the summary record."""
@@ -593,7 +599,9 @@ class Trainer:
             meta = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                     "seed": config.seed, "epoch": self.epoch, "epoch_position_samples":
                     self.position, "global_batch": self.global_batch, "ranks_at_save": self.size,
-                    "hidden": list(config.hidden) if config.hidden else None}
+                    "hidden": list(config.hidden) if config.hidden else None,
+                    "deterministic_micro_shards": (config.micro_shards if config.deterministic
+                                                   else None)}
             ckpt.save(config.checkpoint_dir, self.step, self.model.state_dict(copy=True),
                       opt_state, meta)
         self.last_checkpoint_step = self.step

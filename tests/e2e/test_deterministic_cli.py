@@ -74,6 +74,19 @@ def test_resume_on_another_n_is_the_uninterrupted_run(tmp_path):
     assert (tmp_path / "resumed.npz").read_bytes() == (tmp_path / "whole.npz").read_bytes()
 
 
+def test_resuming_with_other_micro_shards_warns(tmp_path):
+    """Allowed (the job goes on), but the bits change: one warning line says so."""
+    flags = ["--synthetic-samples", "64", "--hidden", "8", "--batch-size", "8"]
+    ck = str(tmp_path / "ck")
+    mpitrain(1, *flags, "--steps", "2", "--checkpoint-dir", ck, cwd=tmp_path)
+    p = mpitrain(1, *flags, "--steps", "3", "--checkpoint-dir", ck, "--resume",
+                 cwd=tmp_path)
+    assert "warning" not in p.stderr                    # same --micro-shards: no warning
+    p = mpitrain(1, *flags, "--steps", "4", "--micro-shards", "4", "--checkpoint-dir", ck,
+                 "--resume", cwd=tmp_path)
+    assert "was written with --micro-shards 8; continuing with --micro-shards 4" in p.stderr
+
+
 @pytest.mark.parametrize("n, flags, message", [
     (3, ["--batch-size", "8"], "--deterministic needs a power-of-two number of ranks dividing "
                                "--micro-shards 8, got 3 ranks"),
