@@ -230,7 +230,7 @@ class Config:
             return
         refused = [("--average weights", self.average == "weights"),
                    ("--fp16-allreduce", self.fp16_allreduce),
-                   ("--uneven", getattr(self, "uneven", False)),
+                   ("--uneven", self.uneven),
                    ("--sync-bn", self.sync_bn),
                    ("--device cuda", self.device == "cuda")]
         for flag, given in refused:

@@ -435,7 +435,7 @@ class Trainer:
         if self.bn_replay is not None:
             self.bn_replay.begin_step()
         for j, micro in enumerate(idx.reshape(self.passes, -1)):                  # (A, b)
-            if self.interval_shards is not None:   # masks keyed by micro-shard, not by rank
+            if self.config.deterministic:   # dropout masks keyed by micro-shard, not by rank
                 seed_dropout(self.model, self.step, self.rank * self.passes + j,
                              self.config.micro_shards)
             with trace.span("data"):
@@ -469,7 +469,7 @@ class Trainer:
         stats = (loss_sum, correct, len(idx))
         self.interval += stats
         self.epoch_stats += stats
-        if self.interval_shards is not None:
+        if self.config.deterministic:
             self.interval_shards.add(rows)
             self.epoch_shards.add(rows)
         return loss_sum / len(idx)
@@ -478,7 +478,7 @@ class Trainer:
         """This rank's samples of each remaining global batch of the epoch, (steps, G/N): the
         sampler's strided share, or with --deterministic the contiguous slice [r*G/N,
         (r+1)*G/N), its micro-shards r*M/N .. (r+1)*M/N - 1 in order."""
-        if self.interval_shards is None:
+        if not self.config.deterministic:
             return self.sampler.indices()
         share = self.global_batch // self.size
         return self.sampler.global_indices()[:, self.rank * share:(self.rank + 1) * share]

@@ -14,9 +14,10 @@ Neutral means the op's identity (zeros for Sum and Average, +inf / the largest i
 Min, -inf / the smallest for Max, ones for Product). join_policy.py lists what can be served:
 the reductions and the barrier. The rest -- allgather, alltoall and broadcast, as in Horovod,
 the object collectives, process set changes, device-array reductions -- is a CollectiveError
-(a RuntimeError) on every active rank, and the joined ranks keep waiting. ``join()`` returns, on every rank, once every rank has joined; its value is the rank
-that joined last (the highest of those that joined in the same exchange) -- the one whose
-model saw the most data, to broadcast from (Horovod's idiom).
+(a RuntimeError) on every active rank, and the joined ranks keep waiting. ``join()`` returns,
+on every rank, once every rank has joined; its value is the rank that joined last (the highest
+of those that joined in the same exchange) -- the one whose model saw the most data, to
+broadcast from (Horovod's idiom).
 
 Average while ranks are joined divides by the whole set's size, joined ranks included (their
 zeros count): PyTorch's Join default (``divide_by_initial_world_size=True``) and what keeps an
@@ -37,7 +38,7 @@ import numpy as np
 from mpitrain.comm import handles, host, join_policy, overlap
 from mpitrain.comm.check import JOINED
 from mpitrain.comm.engine import allreduce_flat
-from mpitrain.comm.ops import Average, Max, Min, Product, Sum
+from mpitrain.comm.ops import Average, Max, Min, Product, Sum, as_op
 from mpitrain.comm.process_sets import global_process_set, world_of
 
 
@@ -96,11 +97,11 @@ def _neutral(shape, dtype, op):
         return np.zeros(shape, dtype)
     if op is Product:
         return np.ones(shape, dtype)
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    floats = dtype.kind == "f"
     if op is Min:
-        return np.full(shape, np.inf if dtype.kind == "f" else info.max, dtype)
+        return np.full(shape, np.inf if floats else np.iinfo(dtype).max, dtype)
     assert op is Max, op
-    return np.full(shape, -np.inf if dtype.kind == "f" else info.min, dtype)
+    return np.full(shape, -np.inf if floats else np.iinfo(dtype).min, dtype)
 
 
 def _allreduce(state, f):
@@ -117,14 +118,11 @@ def _grouped(state, f):
 def _buckets(state, f):
     """One step of DistributedOptimizer's overlapped buckets (overlap.py), every bucket zeros."""
     state.agreement(overlap.STEP_KIND, f)
-    op = Average if f["op"] == Average.value else Sum
+    op, _ = as_op(f["op"], overlap.STEP_KIND)               # described by its value ("average")
     for index, bucket in enumerate(overlap.plan(f["arrays"], f["wire"], f["threshold_bytes"])):
-        state.record.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
-        try:
+        with overlap.watched(state, index):
             allreduce_flat(state, np.zeros(bucket.total, bucket.dtype), op,
                            f["prescale_factor"], f["postscale_factor"])
-        finally:
-            state.record.leave()
 
 
 def _reducescatter(state, f):

@@ -31,6 +31,8 @@ Numba kernels and BLAS release the GIL, and mpi4py releases it inside MPI calls,
 threads really run at once. Each bucket has its own flat buffer (all are in flight together);
 an array alone in its bucket, contiguous and already of the wire dtype, is reduced in place.
 """
+import contextlib
+
 import numpy as np
 
 from mpitrain.comm import check, handles, world
@@ -213,17 +215,24 @@ class BucketAllreduce:
     def _reduce(self, flat, index, nbytes, tid):
         if index == 0 and self._step_check is not None:
             self._step_check()
-        # Watched like an agreement (watchdog.py): a rank that never sends its gradients is
-        # named; the caller makes no MPI call while buckets are in flight, so this is the one
-        # collective running in this process.
-        record = self.state.record
-        record.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
-        try:
-            with _timeline().span("allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes,
-                                  process_set=self.state.set_id):
-                self.reduce_flat(flat)
-        finally:
-            record.leave()
+        with watched(self.state, index), _timeline().span(
+                "allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes,
+                process_set=self.state.set_id):
+            self.reduce_flat(flat)
+
+
+@contextlib.contextmanager
+def watched(state, index):
+    """Bucket ``index`` marked in flight on ``state``'s stall-watchdog Record, like an agreement
+    (watchdog.py): a rank that never sends its gradients is named. The caller makes no MPI call
+    while buckets are in flight, so this is the one collective running in this process (a
+    joined rank replaying a step marks its buckets the same way, join.py)."""
+    record = state.record
+    record.enter(("allreduce bucket", {"name": f"bucket {index}"}, None))
+    try:
+        yield
+    finally:
+        record.leave()
 
 
 def plan(specs, wire, threshold_bytes):

@@ -13,19 +13,14 @@ import sys
 
 import pytest
 
-from tests.support.launch import MPIEXEC, REPO, child_env
+from tests.support.launch import MPIEXEC, REPO, child_env, run_mpitrain
 
 G = 16
 
 
 def mpitrain(n, *flags, cwd, ok=True):
-    cmd = ["timeout", "-k", "5", "150", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
-           "--dataset", "synthetic", "--no-progress", "--seed", "3", "--deterministic", *flags]
-    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                       timeout=180)
-    if ok:
-        assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
-    return p
+    return run_mpitrain(n, ["--dataset", "synthetic", "--no-progress", "--seed", "3",
+                            "--deterministic", *flags], cwd, ok, timeout_s=150)
 
 
 def steps(path):

@@ -6,26 +6,18 @@
 tolerance), and it differs from the run that drops the tail.
 """
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support.launch import MPIEXEC, child_env, load_npz
+from tests.support.launch import load_npz, run_mpitrain
 
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "98", "--hidden", "16",
         "--no-progress", "--momentum", "0.9", "--seed", "3", "--epochs", "2"]
 
 
 def mpitrain(n, *flags, cwd, ok=True):
-    cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", str(n), sys.executable, "-m", "mpitrain",
-           *BASE, *flags]
-    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                       timeout=150)
-    if ok:
-        assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
-    return p
+    return run_mpitrain(n, [*BASE, *flags], cwd, ok)
 
 
 def test_uneven_trains_the_tail_and_three_ranks_match_one(tmp_path):

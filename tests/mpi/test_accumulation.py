@@ -12,6 +12,7 @@ import pytest
 import mpitrain as mt
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.distributed import DistributedOptimizer
+from tests.support.batches import global_batches
 
 mt.init()
 N, R = mt.size(), mt.rank()
@@ -47,13 +48,7 @@ def _pass(model, loss_fn, x, y, idx, scale, hook=None):
 
 def _global_batches(k, steps):
     """The global batches (steps, N*k*B) as the sampler gives them, epoch after epoch."""
-    sampler = DistributedSampler(DATA, 1, 0, seed=3, batch_size=N * k * B)
-    out, epoch = [], 0
-    while len(out) < steps:
-        sampler.set_epoch(epoch)
-        out.extend(sampler.indices())
-        epoch += 1
-    return out[:steps]
+    return global_batches(DATA, N * k * B, steps, seed=3)
 
 
 def _reference(kind, k, steps):

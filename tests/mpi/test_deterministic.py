@@ -13,8 +13,8 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.comm.tree import is_power_of_two
-from mpitrain.data.sampler import DistributedSampler
 from mpitrain.distributed import DistributedOptimizer
+from tests.support.batches import global_batches
 
 mt.init()
 N, R = mt.size(), mt.rank()
@@ -46,13 +46,7 @@ def _inner(kind, model):
 
 def _global_batches():
     """(STEPS, M*B) global batches, epoch after epoch (the sampler's seeded order)."""
-    sampler = DistributedSampler(DATA, 1, 0, seed=3, batch_size=M * B)
-    out, epoch = [], 0
-    while len(out) < STEPS:
-        sampler.set_epoch(epoch)
-        out.extend(sampler.global_indices())
-        epoch += 1
-    return out[:STEPS]
+    return global_batches(DATA, M * B, STEPS, seed=3)
 
 
 def _pass(model, loss_fn, x, y, idx, scale, hook=None):

@@ -1,5 +1,7 @@
 """Launching ``python -m mpitrain``, or a user's script, under mpiexec from the e2e tests."""
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,3 +29,16 @@ def load_npz(path):
     """Every array of an .npz file (e.g. ``--save``), by name."""
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+def run_mpitrain(n, args, cwd, ok=True, timeout_s=120):
+    """``mpiexec -n n python -m mpitrain *args`` in ``cwd`` under ``timeout`` (a hung job is
+    killed, never left behind); the CompletedProcess, asserted successful unless ``ok`` is
+    False."""
+    cmd = ["timeout", "-k", "5", str(timeout_s), MPIEXEC, "-n", str(n), sys.executable, "-m",
+           "mpitrain", *args]
+    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
+                       timeout=timeout_s + 30)
+    if ok:
+        assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
+    return p
