@@ -31,8 +31,8 @@ rewritten before and after every run (a kill leaves what ran), OUT/gpu-check.log
 command and its output, OUT/timeline.json the trace; scratch files live in a temp dir. Exit
 code: 0 nothing failed, 1 something failed, 2 no GPU (one line, at once) or bad usage.
 
-Runs on the bare GPU machine: stdlib only here; mpitrain is imported from this source tree (a
-symlinked package in the temp dir, so mpitrain.kernels maps to kernels/ as setup.py does); MPI
+Runs on the bare GPU machine: stdlib only here; mpitrain is imported from this source tree, uninstalled
+(PYTHONPATH; mpitrain/__init__.py maps kernels/ to mpitrain.kernels as setup.py does); MPI
 is mpiexec on PATH, else next to python, else the mpich wheel carried in .whl/ (installed
 offline into the temp dir). README.md "GPU check" has the one-call recipe.
 """
@@ -100,19 +100,6 @@ def detect_gpus(smi="nvidia-smi"):
         text = " ".join((res.stderr or res.stdout).split())[:200] or f"exit {res.returncode}"
         return [], f"no CUDA device (nvidia-smi -L: {text})"
     return gpus, None
-
-
-def source_tree_path(work):
-    """A folder for PYTHONPATH where ``mpitrain`` is this tree's package and mpitrain.kernels is
-    kernels/ (setup.py's package_dir), without installing anything."""
-    pkg = Path(work) / "pythonpath" / "mpitrain"
-    pkg.mkdir(parents=True)
-    for entry in (REPO / "mpitrain").iterdir():
-        if entry.name != "__pycache__":
-            (pkg / entry.name).symlink_to(entry)
-    if not (pkg / "kernels").exists():
-        (pkg / "kernels").symlink_to(REPO / "kernels")
-    return str(pkg.parent)
 
 
 def mpi_works(mpiexec, env, python):
@@ -665,8 +652,8 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="gpu-check-")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_tree_path(work),
-                                                    env.get("PYTHONPATH")) if p)
+    # mpitrain from this tree, uninstalled (mpitrain/__init__.py maps kernels/ to mpitrain.kernels)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     python = sys.executable
     # also for 1-rank steps: importing mpitrain loads libmpi, which the carried wheel may bring
     mpiexec, source, tried = find_mpiexec(env, work, python, explicit=args.mpiexec,

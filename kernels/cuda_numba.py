@@ -15,7 +15,7 @@ code either way, only the launch differs. Under the simulator this module also r
 shared-array allocator, whose check-then-set could give two threads of a block two arrays
 (``_race_free_sim_shared_arrays``; tests/cudasim/test_sim_shared_memory.py).
 
-Module-level kernels are ``cuda.jit(cache=True)``: on a GPU each rank of each run would otherwise
+Module-level kernels (but the collective reductions) are ``cuda.jit(cache=True)``: on a GPU each rank of each run would otherwise
 compile some forty kernels at first use (Numba keeps the PTX/cubin per compute capability in
 ``__pycache__``, or the user cache when that is read-only); the simulator ignores the flag. The
 GEMM factory's per-dtype closures are not cached.
@@ -33,7 +33,15 @@ import math
 import sys
 
 import numpy as np
-from numba import config, cuda, float64, from_dtype
+
+if not hasattr(np, "row_stack"):
+    # numba-cuda <= 0.30.4 registers an overload for np.row_stack, which NumPy 2.5 removed, when
+    # it compiles its first kernel: every launch then fails with AttributeError
+    # (NVIDIA/numba-cuda#907, not to be fixed upstream; numba itself has the guard since 0.67).
+    # row_stack was an alias of vstack; giving the name back is all the overload needs.
+    np.row_stack = np.vstack
+
+from numba import config, cuda, float64, from_dtype  # noqa: E402 - after the NumPy 2.5 shim
 
 from mpitrain.kernels import dropout_hash, im2col_shape, norm_shape
 
@@ -796,28 +804,31 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 
 
 # --- Collective reductions ----------------------------------------------------------------------
+# Not cached: their float16 versions (fp16 compression) link CUDA's fp16 library, and Numba cannot
+# pickle a kernel with linked files ("Cannot pickle CUDACodeLibrary with linking files", seen on
+# an H100 with numba-cuda 0.30.4). Four one-line kernels compile in well under a second.
 
-@cuda.jit(cache=True)
+@cuda.jit
 def _reduce_sum_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] + src[i]
 
 
-@cuda.jit(cache=True)
+@cuda.jit
 def _reduce_min_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         if src[i] < dst[i]:
             dst[i] = src[i]
 
 
-@cuda.jit(cache=True)
+@cuda.jit
 def _reduce_max_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         if src[i] > dst[i]:
             dst[i] = src[i]
 
 
-@cuda.jit(cache=True)
+@cuda.jit
 def _reduce_prod_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] * src[i]

@@ -7,6 +7,29 @@
 Each section below re-exports one layer of the package; ``__all__`` is the public contract
 (see docs/architecture.md).
 """
+
+
+def _source_tree_kernels():
+    """Run from a checkout without an install (``python -m mpitrain`` in the repository root,
+    pytest's ``pythonpath = .``, the lent GPU machine), the ``kernels/`` folder beside this
+    package is ``mpitrain.kernels``, as setup.py's ``package_dir`` makes it when installed."""
+    import importlib.util
+    import os
+    import sys
+    if importlib.util.find_spec(__name__ + ".kernels") is not None:
+        return
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+    spec = importlib.util.spec_from_file_location(
+        __name__ + ".kernels", os.path.join(folder, "__init__.py"),
+        submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    setattr(sys.modules[__name__], "kernels", module)     # as the import system would
+
+
+_source_tree_kernels()
+
 # Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError.
 from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Product, ReduceOp,
                            Sum, allgather, allgather_object, allreduce, allreduce_, alltoall,

@@ -288,16 +288,20 @@ def test_junit_counts_by_flavour(tmp_path):
         gc.junit(all_skipped)
 
 
-def test_source_tree_path_maps_kernels_without_install(tmp_path):
-    path = gc.source_tree_path(tmp_path)
-    code = "import mpitrain.kernels as k, mpitrain as m; print(m.__file__); print(k.__file__)"
+def test_uninstalled_source_tree_maps_kernels(tmp_path):
+    """What gpu_check runs on the bare GPU machine: PYTHONPATH=<repo>, no install. The venv's
+    editable-install finder is removed first, so only mpitrain/__init__.py can map kernels/."""
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if 'editable' not in type(f).__module__ and 'editable' not in repr(f)]; "
+            "import mpitrain as m, mpitrain.kernels as k, mpitrain.kernels.cpu as c; "
+            "assert m.kernels is k; print(m.__file__); print(k.__file__); print(c.__file__)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=path))
+                         timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.returncode == 0, res.stderr
-    pkg, kernels = res.stdout.split()
-    assert pkg == str(tmp_path / "pythonpath" / "mpitrain" / "__init__.py")
-    assert os.path.realpath(kernels) == str(ROOT / "kernels" / "__init__.py")
-
+    pkg, kernels, cpu = res.stdout.split()
+    assert pkg == str(ROOT / "mpitrain" / "__init__.py")
+    assert kernels == str(ROOT / "kernels" / "__init__.py")
+    assert cpu == str(ROOT / "kernels" / "cpu.py")
 
 def test_dry_run_with_a_fake_gpu_writes_the_plan(tmp_path):
     bin_dir = fake_smi(tmp_path)
@@ -308,7 +312,7 @@ def test_dry_run_with_a_fake_gpu_writes_the_plan(tmp_path):
     doc = json.loads((out / "report.json").read_text())
     assert [s["name"] for s in doc["steps"]] == list(gc.STEPS)
     assert doc["facts"]["gpus"] == ["GPU 0: Fake H100 (UUID: GPU-0)"]
-    assert doc["facts"]["mpitrain"].startswith(doc["work_dir"])
+    assert doc["facts"]["mpitrain"] == str(ROOT / "mpitrain" / "__init__.py")   # this tree
     steps = {s["name"]: s for s in doc["steps"]}
     assert steps["nvidia-smi"]["status"] == "planned"
     # no real device here: every CUDA step is skipped with both flavours' reasons
