@@ -31,9 +31,9 @@ rewritten before and after every run (a kill leaves what ran), OUT/gpu-check.log
 command and its output, OUT/timeline.json the trace; scratch files live in a temp dir. Exit
 code: 0 nothing failed, 1 something failed, 2 no GPU (one line, at once) or bad usage.
 
-Runs on the bare GPU machine: stdlib only here; mpitrain is imported from this source tree, uninstalled
-(PYTHONPATH; mpitrain/__init__.py maps kernels/ to mpitrain.kernels as setup.py does); MPI
-is mpiexec on PATH, else next to python, else the mpich wheel carried in .whl/ (installed
+Runs on the bare GPU machine: stdlib only here; mpitrain is imported from this source tree,
+uninstalled (PYTHONPATH; mpitrain/__init__.py maps kernels/ to mpitrain.kernels as setup.py
+does); MPI is mpiexec on PATH, else next to python, else the mpich wheel carried in .whl/ (installed
 offline into the temp dir). README.md "GPU check" has the one-call recipe.
 """
 import argparse

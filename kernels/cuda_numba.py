@@ -15,10 +15,10 @@ code either way, only the launch differs. Under the simulator this module also r
 shared-array allocator, whose check-then-set could give two threads of a block two arrays
 (``_race_free_sim_shared_arrays``; tests/cudasim/test_sim_shared_memory.py).
 
-Module-level kernels (but the collective reductions) are ``cuda.jit(cache=True)``: on a GPU each rank of each run would otherwise
-compile some forty kernels at first use (Numba keeps the PTX/cubin per compute capability in
-``__pycache__``, or the user cache when that is read-only); the simulator ignores the flag. The
-GEMM factory's per-dtype closures are not cached.
+Module-level kernels, the collective reductions excepted, are ``cuda.jit(cache=True)``: on a
+GPU each rank of each run would otherwise compile some forty kernels at first use (Numba keeps
+the PTX/cubin per compute capability in ``__pycache__``, or the user cache when that is
+read-only); the simulator ignores the flag. The GEMM factory's per-dtype closures are not cached.
 
 Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
 memory into one float64 partial, and the few partials are summed on the host in block order.
