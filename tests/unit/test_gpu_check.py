@@ -303,6 +303,7 @@ def test_uninstalled_source_tree_maps_kernels(tmp_path):
     assert kernels == str(ROOT / "kernels" / "__init__.py")
     assert cpu == str(ROOT / "kernels" / "cpu.py")
 
+
 def test_dry_run_with_a_fake_gpu_writes_the_plan(tmp_path):
     bin_dir = fake_smi(tmp_path)
     out = tmp_path / "out"
