@@ -1,4 +1,4 @@
-"""CPU convolution, a few images at a time: im2col into a cache-sized buffer, BLAS, fused epilogues.
+"""CPU convolution, a few images at a time: im2col into a cache-sized buffer, GEMMs, fused epilogues.
 
 An optional part of the CPU backend, outside the kernel contract (kernels/contract.py): Conv2D
 runs ``conv2d_forward`` / ``conv2d_backward`` when its backend has them and the contract's
@@ -14,13 +14,16 @@ orientations below produce channel-major output, so no layout transposes are nee
 
     forward      yc (OC, G*R)   = W (OC, CKK) @ cols (CKK, G*R)      then crop + bias (+ ReLU)
                                                                       into y[n:n+G] (NCHW)
-    backward     g (OC, G*R)    = grad_y[n:n+G] * (y > 0)             bias grad summed alongside
-                 dW^T (CKK, OC) += cols (CKK, G*R) @ g^T (G*R, OC)    cols recomputed from x
+    backward     g (OC, G*R)    = grad_y[n:n+G] * (y > 0)             bias grad += g row sums
+                 dW (OC, CKK)   += g (OC, G*R) @ cols^T (G*R, CKK)    cols recomputed from x
                  dcols          = W^T (CKK, OC) @ g (OC, G*R)         then col2im into dx[n:n+G]
 
 (CKK = C*KH*KW; R = the GEMM columns of one image: OH*OW, or OH*RS in the wide layout below.)
-The weight gradient accumulates transposed, in a (CKK, OC) scratch array, and is transposed into
-the caller's gradient once per call. Measured at batch 64, one thread (docs/benchmarks.md).
+The GEMMs of layers with at most 32 output channels run kernels/cpu_gemm.py's register-blocked
+kernels, which beat OpenBLAS on those skinny shapes; wider layers run BLAS, and their weight
+gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array (OpenBLAS's faster
+orientation there), transposed into the caller's gradient once per call. Measured at batch 64,
+one thread (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy).
@@ -29,6 +32,8 @@ import threading
 
 import numpy as np
 from numba import njit
+
+from mpitrain.kernels import cpu_gemm
 
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
@@ -234,25 +239,22 @@ def _crop_bias_act(y_cols, y, bias, use_bias, relu, rs):
 
 
 @njit(cache=True, nogil=True)
-def _grad_cols(y, grad_y, g_cols, grad_bias, relu, rs):
-    """g_cols (OC, G*OH*RS) = grad_y * (y > 0) (or grad_y), zero in junk columns;
-    grad_bias[o] += the sums over the pixels."""
+def _grad_cols(y, grad_y, g_cols, relu, rs):
+    """g_cols (OC, G*OH*RS) = grad_y * (y > 0) (or grad_y), zero in junk columns."""
     groups, chans, oh, ow = y.shape
     for o in range(chans):
-        s = 0.0
         for g in range(groups):
             for i in range(oh):
                 gy, yy = grad_y[g, o, i], y[g, o, i]
                 dst = g_cols[o, (g * oh + i) * rs:(g * oh + i + 1) * rs]
-                for j in range(ow):
-                    v = gy[j]
-                    if relu and not yy[j] > 0:
-                        v = 0
-                    dst[j] = v
-                    s += v
+                if relu:
+                    for j in range(ow):
+                        dst[j] = gy[j] if yy[j] > 0 else 0
+                else:
+                    for j in range(ow):
+                        dst[j] = gy[j]
                 for j in range(ow, rs):
                     dst[j] = 0
-        grad_bias[o] += s
 
 
 @njit(cache=True, nogil=True)
@@ -335,7 +337,7 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
         p.im2col(xg, cols)
-        np.matmul(w2d, cols, out=y_cols)
+        cpu_gemm.matmul(w2d, cols, y_cols)
         _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.rs)
 
 
@@ -345,22 +347,27 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     grad_x overwritten (or None: not wanted). ``y`` is the forward output (the ReLU mask)."""
     p = _Plan(x, weight, stride, pad)
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK)
-    dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
-    dw_part = _matrix("dw_part", p.ckk, p.oc, x.dtype)       # (CKK, OC): one group
-    gb = grad_bias
-    if gb is None:                                           # no bias: sums go to scratch
-        gb = _matrix("gb", 1, p.oc, x.dtype)[0]
-        gb.fill(0)
-    dw_t.fill(0)
+    dw = grad_weight.reshape((p.oc, p.ckk))                  # (OC, CKK)
+    skinny = cpu_gemm.covers_nt(p.oc, p.ckk, x.dtype)        # else BLAS, in its faster order:
+    if not skinny:
+        dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)         # (CKK, OC): sum over groups
+        dw_part = _matrix("dw_part", p.ckk, p.oc, x.dtype)   # (CKK, OC): one group
+        dw_t.fill(0)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         g = p.cols("g_cols", p.oc, xg.shape[0])              # (OC, G*R)
-        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, gb, relu, p.rs)
+        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, relu, p.rs)
+        if grad_bias is not None:                            # junk columns add zeros
+            np.add(grad_bias, g.sum(axis=1), out=grad_bias)
         p.im2col(xg, cols)
-        np.matmul(cols, g.T, out=dw_part)
-        np.add(dw_t, dw_part, out=dw_t)
+        if skinny:
+            cpu_gemm.matmul_nt(g, cols, dw, accumulate_weight or n0 > 0)
+        else:
+            np.matmul(cols, g.T, out=dw_part)
+            np.add(dw_t, dw_part, out=dw_t)
         if grad_x is not None:
-            np.matmul(w2d.T, g, out=cols)                    # d(cols), (CKK, G*R)
+            cpu_gemm.matmul(w2d.T, g, cols)                  # d(cols), (CKK, G*R)
             p.col2im(cols, grad_x[n0:n0 + p.group])
-    _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)
+    if not skinny:
+        _add_transposed(dw, dw_t, accumulate_weight)

@@ -21,6 +21,11 @@ SHAPES = [
     (1, 2, 6, 6, 3, 1, 1, 0),
     (2, 2, 6, 5, 3, 3, 3, 2),
     (2, 2, 4, 4, 3, 5, 1, 4),
+    # output channels a multiple of 4: kernels/cpu_gemm.py's kernels (all three GEMMs; the last
+    # one's C*K*K = 50 leaves the weight gradient and the input gradient to BLAS)
+    (2, 4, 6, 7, 8, 3, 1, 1),
+    (2, 4, 9, 9, 12, 3, 2, 1),
+    (3, 2, 5, 5, 4, 5, 1, 2),
 ]
 
 
