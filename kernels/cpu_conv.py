@@ -19,11 +19,14 @@ orientations below produce channel-major output, so no layout transposes are nee
                  dcols          = W^T (CKK, OC) @ g (OC, G*R)         then col2im into dx[n:n+G]
 
 (CKK = C*KH*KW; R = the GEMM columns of one image: OH*OW, or OH*RS in the wide layout below.)
-The GEMMs of layers with at most 32 output channels run kernels/cpu_gemm.py's register-blocked
-kernels, which beat OpenBLAS on those skinny shapes; wider layers run BLAS, and their weight
-gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array (OpenBLAS's faster
-orientation there), transposed into the caller's gradient once per call. Measured at batch 64,
-one thread (docs/benchmarks.md).
+The weight gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array
+(OpenBLAS's faster orientation), transposed into the caller's gradient once per call.
+
+Stride-1 layers with at most 32 output channels (ResNet's first two stages) take the "gathered"
+path instead (below): kernels/cpu_gemm.py's register-blocked kernels read the padded image in
+place, so neither im2col nor col2im runs, and they beat OpenBLAS on these skinny shapes: a
+16-channel 28x28 layer's forward + backward 17.5 -> 12.1 ms. Measured at batch 64, one thread
+(docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy).
@@ -219,6 +222,31 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
                     dst[ww] = src[ww]
 
 
+# Gathered: the wide layout without columns. Row (c, ki, kj) of image i's im2col matrix *is* the
+# run xp[i*C*CH + c*CH + ki*RS + kj:][:OH*RS] of the padded images, so cpu_gemm.gathered reads
+# it there (``tap_starts``); the weight gradient contracts g with the same runs
+# (gathered_nt; g's runs rounded up to whole vectors with zeros, R8). The input gradient is the
+# transposed convolution written as a gather: padded row u of dx's channel c is
+#     sum over (o, ki, kj) of W[o, c, ki, kj] * g[o, u - (ki*RS + kj)],
+# g zero outside its OH*RS columns; with g copied into zero-padded "gradient planes" (``_spread``,
+# ``grad_planes``: Z zeros before each, enough after) that is gathered rows again, starting at
+# o*GS + Z + u0 - (ki*RS + kj) (``grad_starts``), with W^T (C, OC*KH*KW) as the weight operand;
+# the epilogue crops the junk columns. It needs C a multiple of 4 (else the backward runs the
+# column path; the first layer, C = 1 or 3, needs no input gradient).
+
+@njit(cache=True, nogil=True)
+def _spread(g, gp, images, z, gs):
+    """gp[(i*OC + o)*GS + Z:][:R8] = g[o, i*R8:(i+1)*R8] for the images i of g (OC, images*R8)."""
+    chans, columns = g.shape
+    run = columns // images
+    for i in range(images):
+        for o in range(chans):
+            dst = gp[(i * chans + o) * gs + z:]
+            src = g[o, i * run:]
+            for q in range(run):
+                dst[q] = src[q]
+
+
 # Both layouts: epilogue and prologue between the GEMM columns and NCHW. -------------------------
 
 @njit(cache=True, nogil=True)
@@ -240,13 +268,16 @@ def _crop_bias_act(y_cols, y, bias, use_bias, relu, rs):
 
 @njit(cache=True, nogil=True)
 def _grad_cols(y, grad_y, g_cols, relu, rs):
-    """g_cols (OC, G*OH*RS) = grad_y * (y > 0) (or grad_y), zero in junk columns."""
+    """g_cols (OC, G*C) = grad_y * (y > 0) (or grad_y), image g's OH rows of RS at column g*C,
+    zero in the junk columns and in each image's last C - OH*RS (C = G*C / G >= OH*RS)."""
     groups, chans, oh, ow = y.shape
+    image_cols = g_cols.shape[1] // groups
     for o in range(chans):
         for g in range(groups):
+            image = g_cols[o, g * image_cols:(g + 1) * image_cols]
             for i in range(oh):
                 gy, yy = grad_y[g, o, i], y[g, o, i]
-                dst = g_cols[o, (g * oh + i) * rs:(g * oh + i + 1) * rs]
+                dst = image[i * rs:(i + 1) * rs]
                 if relu:
                     for j in range(ow):
                         dst[j] = gy[j] if yy[j] > 0 else 0
@@ -255,6 +286,8 @@ def _grad_cols(y, grad_y, g_cols, relu, rs):
                         dst[j] = gy[j]
                 for j in range(ow, rs):
                     dst[j] = 0
+            for j in range(oh * rs, image_cols):
+                image[j] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -280,13 +313,48 @@ class _Plan:
         self.rs, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
         self.ch = _wide_dims(self.h, self.w, self.kh, pad)[1]
         self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
+        self.run8 = -(-self.run // 8) * 8                    # R rounded up to whole vectors
         if self.wide:
-            size = self.group * self.c * self.ch + self.rs    # + RS: the last run's junk tail
+            # + RS: the last run's junk tail; + 8: run8's
+            size = self.group * self.c * self.ch + self.rs + 8
             key = ("xp", (self.c, self.h, self.w, self.kh, pad, self.group), x.dtype.str)
             bufs = _scratch()
             self.xp = bufs.get(key)
             if self.xp is None:                                # zeros stay where no data goes
                 self.xp = bufs[key] = np.zeros(size, x.dtype)
+
+        # Gathered (stride 1, at most 32 output channels): kernels/cpu_gemm.py reads the padded
+        # images in place; the input gradient too when the input has 4k <= 32 channels.
+        self.gathered = self.wide and cpu_gemm.covers(self.oc, self.ckk, x.dtype, self.run) \
+            and cpu_gemm.covers_nt(self.oc, self.ckk, x.dtype)
+        self.gathered_input_grad = cpu_gemm.covers(self.c, self.oc * self.kh * self.kw, x.dtype,
+                                                   self.h * self.rs)
+
+    def tap_starts(self):
+        """(CKK,): where tap (c, ki, kj)'s run starts in a padded image (see "Gathered")."""
+        return (np.arange(self.c)[:, None, None] * self.ch + np.arange(self.kh)[:, None] * self.rs
+                + np.arange(self.kw)).reshape(-1).astype(np.intp)
+
+    def grad_planes(self):
+        """(gp, Z, GS): the gradient planes of the input gradient, GS long each, image i's
+        channel o's g at gp[(i*OC + o)*GS + Z:][:R], zeros around it (written once)."""
+        u0 = self.pad * self.rs + self.pad                  # x[0, 0] in a padded image
+        z = max(0, (self.kh - 1) * self.rs + self.kw - 1 - u0)
+        gs = max(z + u0 + self.h * self.rs, z + self.run8)
+        key = ("gp", (self.oc, self.h, self.w, self.kh, self.kw, self.pad, self.group),
+               self.dtype.str)
+        bufs = _scratch()
+        if key not in bufs:
+            bufs[key] = np.zeros(self.group * self.oc * gs, self.dtype)
+        return bufs[key], z, gs
+
+    def grad_starts(self, z, gs):
+        """(OC*KH*KW,): where the run for tap (o, ki, kj) starts in the gradient planes: the
+        input gradient's row u gathers g[u - (ki*RS + kj)]."""
+        u0 = self.pad * self.rs + self.pad
+        return (np.arange(self.oc)[:, None, None] * gs + z + u0
+                - np.arange(self.kh)[:, None] * self.rs - np.arange(self.kw)
+                ).reshape(-1).astype(np.intp)
 
     def cols(self, tag, rows, images):
         return _matrix(tag, rows, images * self.run, self.dtype)
@@ -332,12 +400,18 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK), a view
     use_bias = bias is not None
     b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
+    if p.gathered:
+        w_quads, starts = cpu_gemm.quads(w2d), p.tap_starts()
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
-        p.im2col(xg, cols)
-        cpu_gemm.matmul(w2d, cols, y_cols)
+        if p.gathered:
+            _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
+            cpu_gemm.gathered(w_quads, p.xp, starts, p.c * p.ch, p.run, y_cols)
+        else:
+            cols = p.cols("cols", p.ckk, xg.shape[0])        # (CKK, G*R)
+            p.im2col(xg, cols)
+            np.matmul(w2d, cols, out=y_cols)
         _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.rs)
 
 
@@ -346,13 +420,14 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     """Gradients of conv2d_forward: grad_weight (=|+=), grad_bias (+=, or None: no bias),
     grad_x overwritten (or None: not wanted). ``y`` is the forward output (the ReLU mask)."""
     p = _Plan(x, weight, stride, pad)
+    if p.gathered and (grad_x is None or p.gathered_input_grad):
+        _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_weight,
+                           grad_bias, grad_x)
+        return
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK)
-    dw = grad_weight.reshape((p.oc, p.ckk))                  # (OC, CKK)
-    skinny = cpu_gemm.covers_nt(p.oc, p.ckk, x.dtype)        # else BLAS, in its faster order:
-    if not skinny:
-        dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)         # (CKK, OC): sum over groups
-        dw_part = _matrix("dw_part", p.ckk, p.oc, x.dtype)   # (CKK, OC): one group
-        dw_t.fill(0)
+    dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
+    dw_part = _matrix("dw_part", p.ckk, p.oc, x.dtype)       # (CKK, OC): one group
+    dw_t.fill(0)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
@@ -361,13 +436,37 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
         if grad_bias is not None:                            # junk columns add zeros
             np.add(grad_bias, g.sum(axis=1), out=grad_bias)
         p.im2col(xg, cols)
-        if skinny:
-            cpu_gemm.matmul_nt(g, cols, dw, accumulate_weight or n0 > 0)
-        else:
-            np.matmul(cols, g.T, out=dw_part)
-            np.add(dw_t, dw_part, out=dw_t)
+        np.matmul(cols, g.T, out=dw_part)
+        np.add(dw_t, dw_part, out=dw_t)
         if grad_x is not None:
-            cpu_gemm.matmul(w2d.T, g, cols)                  # d(cols), (CKK, G*R)
+            np.matmul(w2d.T, g, out=cols)                    # d(cols), (CKK, G*R)
             p.col2im(cols, grad_x[n0:n0 + p.group])
-    if not skinny:
-        _add_transposed(dw, dw_t, accumulate_weight)
+    _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)
+
+
+def _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias,
+                       grad_x):
+    """conv2d_backward without columns (see "Gathered" above)."""
+    dw = grad_weight.reshape((p.oc, p.ckk))                  # (OC, CKK)
+    starts = p.tap_starts()
+    if grad_x is not None:
+        gp, z, gs = p.grad_planes()
+        # dx's wide rows (C, G*H*RS) = W^T (C, OC*KH*KW) @ the gradient planes, read backwards
+        wt_quads = cpu_gemm.quads(np.ascontiguousarray(weight.transpose(1, 0, 2, 3))
+                                  .reshape((p.c, p.oc * p.kh * p.kw)))
+        back = p.grad_starts(z, gs)
+    for n0 in range(0, p.n, p.group):
+        xg = x[n0:n0 + p.group]                              # (G, C, H, W)
+        images = xg.shape[0]
+        g = _matrix("g_runs", p.oc, images * p.run8, x.dtype)  # (OC, G*R8): no short tails
+        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, relu, p.rs)
+        if grad_bias is not None:                            # junk columns add zeros
+            np.add(grad_bias, g.sum(axis=1), out=grad_bias)
+        _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
+        cpu_gemm.gathered_nt(g, p.xp, starts, p.c * p.ch, p.run8, dw,
+                             accumulate_weight or n0 > 0)
+        if grad_x is not None:
+            _spread(g, gp, images, z, gs)
+            dx_rows = _matrix("dx_rows", p.c, images * p.h * p.rs, x.dtype)
+            cpu_gemm.gathered(wt_quads, gp, back, p.oc * gs, p.h * p.rs, dx_rows)
+            _crop_bias_act(dx_rows, grad_x[n0:n0 + p.group], dx_rows[0], False, False, p.rs)

@@ -1,133 +1,184 @@
-"""Skinny float32 GEMMs for the CPU convolution, register-blocked on 8-float vectors.
+"""Skinny float32 GEMMs for the CPU convolution, register-blocked on 8-float vectors, reading
+the padded image in place.
 
-OpenBLAS is tuned for large square-ish products; the per-group GEMMs of a 16- or 32-channel
-convolution have one dimension of 16-32 (the output channels) against ~150-300 (C*KH*KW) and
-~800-3000 (pixels), and run there at 55-70% of its large-GEMM speed (docs/benchmarks.md). These two
-kernels keep a 4 x 24 (or 4 x 3 dot-product) block of the output in 12 vector registers through
-the whole contraction (kernels/simd.py), read each operand straight from the caller's arrays (no
-packing copy) and are 1.2-1.35x faster than OpenBLAS on those shapes; with 64 or more channels
-OpenBLAS is as fast or faster: ``matmul`` hands such shapes, float64 and layouts the kernels do
-not cover to NumPy, and ``covers_nt`` tells the caller when to use BLAS instead of ``matmul_nt``.
+OpenBLAS is tuned for large square-ish products; the GEMMs of a 16- or 32-channel convolution
+have one side of 16-32 (the channels) against ~150-300 (C*KH*KW) and ~200-800 (pixels of an
+image), and run there at 55-70% of its large-GEMM speed, after an im2col copy of the image that
+BLAS then packs again. These kernels keep a 4 x 24 block of the output (or 4 x 3 dot products)
+in 12 vector registers through the whole contraction (kernels/simd.py) and take the "B" operand
+as *gathered rows*: row k of image i is the run src[i*image_stride + starts[k]:][:run] of one flat
+array. For a stride-1 convolution ``src`` is the zero-padded image and ``starts`` the offsets of
+the KH*KW*C taps (kernels/cpu_conv.py, "Gathered"), so no column matrix is written or packed:
 
-    matmul     out (M, N)  = a (M, K) @ b (K, N)       forward W @ cols; input grad W^T @ g
-    matmul_nt  out (M, P) (+)= g (M, N) @ c (P, N)^T   weight grad g @ cols^T
+    gathered     out (M, images*run)  = a (M, K) @ [B_0 | B_1 | ...]     forward: W @ x's taps
+                                                                         input grad: W^T @ g's
+    gathered_nt  out (M, P) (+)= sum_i g[:, image i] @ B_i^T             weight grad: g @ taps^T
 
-Each output element is one chain of fused multiply-adds in k (or lane) order: deterministic, a
-different rounding from BLAS's within float32 precision.
+A plain C-contiguous matrix is the special case starts = arange(K) * N, image_stride = 0.
+With 64 or more channels OpenBLAS on columns is as fast or faster (docs/benchmarks.md), so
+``covers`` / ``covers_nt`` say where the caller should use these. The loads are unchecked:
+the kernels check every run's bounds once per call and raise ValueError.
+
+Each output element is one chain of fused multiply-adds in k order (``gathered``), or eight
+lane chains added as a fixed tree (``gathered_nt``): deterministic, rounded differently from BLAS
+within float32 precision.
 """
 import numpy as np
 from numba import njit
 
 from mpitrain.kernels.simd import vbroadcast, vfma, vload, vstore, vsum, vzero
 
-# Kernels run when the short side of the product (output channels) is at most this.
+# The kernels beat OpenBLAS when the short side of the product (the channels) is at most this.
 SKINNY_MAX = 32
-_STRIP = 24                     # output columns per block of matmul: three vectors
+STRIP = 24                     # output columns per block of ``gathered``: three vectors
 
 
-def _rows_contiguous(a):
-    return a.ndim == 2 and a.dtype == np.float32 and a.strides[1] == 4
-
-
-def _skinny(a, b, out, short):
-    return (_rows_contiguous(b) and out.flags.c_contiguous and out.dtype == np.float32
-            and a.dtype == np.float32 and short <= SKINNY_MAX)
-
-
-def matmul(a, b, out):
-    """out = a @ b; ``a`` may be a transposed view (the input gradient's W^T)."""
-    m, n = out.shape
-    if _skinny(a, b, out, min(m, a.shape[1])) and m % 4 == 0 and n >= _STRIP:
-        _matmul(a, b, out)
-    else:
-        np.matmul(a, b, out=out)
+def covers(m, k, dtype, run):
+    """Whether ``gathered`` runs an (M, K) weight operand of ``dtype`` in runs of ``run``."""
+    return (np.dtype(dtype) == np.float32 and m % 4 == 0 and min(m, k) <= SKINNY_MAX
+            and run >= STRIP)
 
 
 def covers_nt(m, p, dtype):
-    """Whether ``matmul_nt`` runs an (M, P) output of ``dtype`` (else the caller uses BLAS)."""
-    return np.dtype(dtype) == np.float32 and min(m, p) <= SKINNY_MAX and m % 4 == 0 and p % 3 == 0
+    """Whether ``gathered_nt`` runs an (M, P) output of ``dtype``."""
+    return np.dtype(dtype) == np.float32 and m % 4 == 0 and p % 3 == 0 and min(m, p) <= SKINNY_MAX
 
 
-def matmul_nt(g, c, out, accumulate):
-    """out = g @ c.T, or out += g @ c.T if ``accumulate``; only where ``covers_nt``."""
-    if not (covers_nt(*out.shape, out.dtype) and _rows_contiguous(g) and _rows_contiguous(c)
-            and out.flags.c_contiguous):
-        raise ValueError(f"matmul_nt does not cover {g.shape} x {c.shape}.T -> {out.shape} "
-                         f"({g.dtype}, {c.dtype}, {out.dtype})")
-    _matmul_nt(g, c, out, accumulate)
+def quads(a):
+    """The weight operand as ``gathered`` reads it: a (M, K) as (M/4, K, 4), contiguous, the four
+    values of a[i:i + 4, k] side by side (one pointer walks the k loop). Once per call of the
+    caller: it copies ``a``."""
+    m, k = a.shape
+    return np.ascontiguousarray(a.reshape((m // 4, 4, k)).transpose(0, 2, 1))
 
 
-@njit(cache=True, nogil=True)
-def _matmul(a, b, out):
-    """out (M, N) = a (M, K) @ b (K, N); M % 4 == 0, N >= 24, rows of b and out contiguous."""
-    m, n = out.shape
-    depth = b.shape[0]
-    for strip in range(0, n, _STRIP):
-        j = min(strip, n - _STRIP)      # the last strip overlaps the one before: same values
-        for i in range(0, m, 4):
-            c00, c01, c02 = vzero(), vzero(), vzero()
-            c10, c11, c12 = vzero(), vzero(), vzero()
-            c20, c21, c22 = vzero(), vzero(), vzero()
-            c30, c31, c32 = vzero(), vzero(), vzero()
-            for k in range(depth):
-                b0, b1, b2 = vload(b, k, j), vload(b, k, j + 8), vload(b, k, j + 16)
-                a0 = vbroadcast(a[i, k])
-                c00, c01, c02 = vfma(a0, b0, c00), vfma(a0, b1, c01), vfma(a0, b2, c02)
-                a1 = vbroadcast(a[i + 1, k])
-                c10, c11, c12 = vfma(a1, b0, c10), vfma(a1, b1, c11), vfma(a1, b2, c12)
-                a2 = vbroadcast(a[i + 2, k])
-                c20, c21, c22 = vfma(a2, b0, c20), vfma(a2, b1, c21), vfma(a2, b2, c22)
-                a3 = vbroadcast(a[i + 3, k])
-                c30, c31, c32 = vfma(a3, b0, c30), vfma(a3, b1, c31), vfma(a3, b2, c32)
-            vstore(out, i, j, c00), vstore(out, i, j + 8, c01), vstore(out, i, j + 16, c02)
-            vstore(out, i + 1, j, c10), vstore(out, i + 1, j + 8, c11)
-            vstore(out, i + 1, j + 16, c12)
-            vstore(out, i + 2, j, c20), vstore(out, i + 2, j + 8, c21)
-            vstore(out, i + 2, j + 16, c22)
-            vstore(out, i + 3, j, c30), vstore(out, i + 3, j + 8, c31)
-            vstore(out, i + 3, j + 16, c32)
+def gathered(quads_a, src, starts, image_stride, run, out):
+    """out[:, i*run:(i+1)*run] = a (M, K) @ B_i for each image i, where row k of B_i is the run
+    src[i*image_stride + starts[k]:][:run] of the flat ``src``; ``quads_a`` = quads(a)."""
+    m = quads_a.shape[0] * 4
+    _check(src, starts, image_stride, run, out.shape[1])
+    if not (covers(m, quads_a.shape[1], out.dtype, run) and out.shape[0] == m
+            and out.strides[1] == 4 and len(starts) == quads_a.shape[1]):
+        raise ValueError(f"gathered does not cover ({m}, {quads_a.shape[1]}) -> {out.shape} "
+                         f"in runs of {run}")
+    _gathered(quads_a, src.reshape((1, -1)), starts, image_stride, run, out)
+
+
+def gathered_nt(g, src, starts, image_stride, run, out, accumulate):
+    """out (M, P) = (or += if ``accumulate``) the sum over images i of
+    g[:, i*run:(i+1)*run] @ B_i^T, B_i's rows as in ``gathered``."""
+    _check(src, starts, image_stride, run, g.shape[1])
+    if not (covers_nt(*out.shape, out.dtype) and g.dtype == np.float32 and g.strides[1] == 4
+            and g.shape[0] == out.shape[0] and out.flags.c_contiguous
+            and len(starts) == out.shape[1]):
+        raise ValueError(f"gathered_nt does not cover {g.shape} -> {out.shape}")
+    _gathered_nt(g, src.reshape((1, -1)), starts, image_stride, run, out, accumulate)
+
+
+def _check(src, starts, image_stride, run, columns):
+    """What the caller must hold to; the runs' bounds are checked in the kernels (_inside)."""
+    if not (src.dtype == np.float32 and src.flags.c_contiguous and starts.dtype == np.intp
+            and starts.ndim == 1 and len(starts) and columns % run == 0):
+        raise ValueError(f"gathered operands: a float32 C-contiguous source, intp starts, "
+                         f"{columns} columns in whole runs of {run}")
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _finish(out, i, p, lanes, g, c, tail, accumulate):
-    """out[i, p] (+)= the lanes' sum + the dot product of the last N % 8 columns."""
+def _inside(src, starts, image_stride, images, run):
+    """Raises unless every image's every run lies inside ``src`` (the loads are unchecked)."""
+    low, high = starts[0], starts[0]
+    for s in starts:
+        low, high = min(low, s), max(high, s)
+    if low < 0 or (images - 1) * image_stride + high + run > src.shape[1]:
+        raise ValueError("gathered: a run leaves the source")
+
+
+@njit(cache=True, nogil=True)
+def _gathered(quads, src, starts, image_stride, run, out):
+    """out (M, images*run) = a (M, K) @ B_i per image i, B_i[k, j] = src[0, i*image_stride +
+    starts[k] + j]; ``quads`` = quads(a), run >= 24, out's rows contiguous."""
+    m = out.shape[0]
+    depth = quads.shape[1]
+    _inside(src, starts, image_stride, out.shape[1] // run, run)
+    for image in range(out.shape[1] // run):
+        base, col = image * image_stride, image * run
+        for strip in range(0, run, STRIP):
+            j = min(strip, run - STRIP)     # the last strip overlaps the one before: same values
+            for i in range(0, m, 4):
+                c00, c01, c02 = vzero(), vzero(), vzero()
+                c10, c11, c12 = vzero(), vzero(), vzero()
+                c20, c21, c22 = vzero(), vzero(), vzero()
+                c30, c31, c32 = vzero(), vzero(), vzero()
+                rows = quads[i // 4]                    # (K, 4): a[i:i + 4, k] at rows[k]
+                for k in range(depth):
+                    at = base + starts[k] + j
+                    b0, b1, b2 = vload(src, 0, at), vload(src, 0, at + 8), vload(src, 0, at + 16)
+                    a0 = vbroadcast(rows[k, 0])
+                    c00, c01, c02 = vfma(a0, b0, c00), vfma(a0, b1, c01), vfma(a0, b2, c02)
+                    a1 = vbroadcast(rows[k, 1])
+                    c10, c11, c12 = vfma(a1, b0, c10), vfma(a1, b1, c11), vfma(a1, b2, c12)
+                    a2 = vbroadcast(rows[k, 2])
+                    c20, c21, c22 = vfma(a2, b0, c20), vfma(a2, b1, c21), vfma(a2, b2, c22)
+                    a3 = vbroadcast(rows[k, 3])
+                    c30, c31, c32 = vfma(a3, b0, c30), vfma(a3, b1, c31), vfma(a3, b2, c32)
+                q = col + j
+                vstore(out, i, q, c00), vstore(out, i, q + 8, c01), vstore(out, i, q + 16, c02)
+                vstore(out, i + 1, q, c10), vstore(out, i + 1, q + 8, c11)
+                vstore(out, i + 1, q + 16, c12)
+                vstore(out, i + 2, q, c20), vstore(out, i + 2, q + 8, c21)
+                vstore(out, i + 2, q + 16, c22)
+                vstore(out, i + 3, q, c30), vstore(out, i + 3, q + 8, c31)
+                vstore(out, i + 3, q + 16, c32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _finish(out, i, p, lanes, g, src, start, image_stride, run, accumulate):
+    """out[i, p] (+)= the lanes' sum + each image's last run % 8 products."""
     total = vsum(lanes)
-    for q in range(tail, g.shape[1]):
-        total += g[i, q] * c[p, q]
+    for image in range(g.shape[1] // run):
+        for q in range(run - run % 8, run):
+            total += g[i, image * run + q] * src[0, image * image_stride + start + q]
     out[i, p] = out[i, p] + total if accumulate else total
 
 
 @njit(cache=True, nogil=True)
-def _matmul_nt(g, c, out, accumulate):
-    """out (M, P) (+)= g (M, N) @ c (P, N)^T; M % 4 == 0, P % 3 == 0, all rows contiguous."""
-    m, n = g.shape
-    cols = c.shape[0]
-    tail = n - n % 8
+def _gathered_nt(g, src, starts, image_stride, run, out, accumulate):
+    """out (M, P) (+)= sum over images i of g[:, i*run:(i+1)*run] @ B_i^T, B_i[p, q] =
+    src[0, i*image_stride + starts[p] + q]; M % 4 == 0, P % 3 == 0, g's rows contiguous."""
+    m = g.shape[0]
+    cols = out.shape[1]
+    whole = run - run % 8
+    _inside(src, starts, image_stride, g.shape[1] // run, run)
     for i in range(0, m, 4):
         for p in range(0, cols, 3):
             s00, s01, s02 = vzero(), vzero(), vzero()
             s10, s11, s12 = vzero(), vzero(), vzero()
             s20, s21, s22 = vzero(), vzero(), vzero()
             s30, s31, s32 = vzero(), vzero(), vzero()
-            for q in range(0, tail, 8):
-                x0, x1, x2 = vload(c, p, q), vload(c, p + 1, q), vload(c, p + 2, q)
-                g0 = vload(g, i, q)
-                s00, s01, s02 = vfma(g0, x0, s00), vfma(g0, x1, s01), vfma(g0, x2, s02)
-                g1 = vload(g, i + 1, q)
-                s10, s11, s12 = vfma(g1, x0, s10), vfma(g1, x1, s11), vfma(g1, x2, s12)
-                g2 = vload(g, i + 2, q)
-                s20, s21, s22 = vfma(g2, x0, s20), vfma(g2, x1, s21), vfma(g2, x2, s22)
-                g3 = vload(g, i + 3, q)
-                s30, s31, s32 = vfma(g3, x0, s30), vfma(g3, x1, s31), vfma(g3, x2, s32)
-            _finish(out, i, p, s00, g, c, tail, accumulate)
-            _finish(out, i, p + 1, s01, g, c, tail, accumulate)
-            _finish(out, i, p + 2, s02, g, c, tail, accumulate)
-            _finish(out, i + 1, p, s10, g, c, tail, accumulate)
-            _finish(out, i + 1, p + 1, s11, g, c, tail, accumulate)
-            _finish(out, i + 1, p + 2, s12, g, c, tail, accumulate)
-            _finish(out, i + 2, p, s20, g, c, tail, accumulate)
-            _finish(out, i + 2, p + 1, s21, g, c, tail, accumulate)
-            _finish(out, i + 2, p + 2, s22, g, c, tail, accumulate)
-            _finish(out, i + 3, p, s30, g, c, tail, accumulate)
-            _finish(out, i + 3, p + 1, s31, g, c, tail, accumulate)
-            _finish(out, i + 3, p + 2, s32, g, c, tail, accumulate)
+            for image in range(g.shape[1] // run):
+                x0 = image * image_stride + starts[p]
+                x1 = image * image_stride + starts[p + 1]
+                x2 = image * image_stride + starts[p + 2]
+                for q in range(0, whole, 8):
+                    b0, b1, b2 = vload(src, 0, x0 + q), vload(src, 0, x1 + q), vload(src, 0, x2 + q)
+                    gq = image * run + q
+                    g0 = vload(g, i, gq)
+                    s00, s01, s02 = vfma(g0, b0, s00), vfma(g0, b1, s01), vfma(g0, b2, s02)
+                    g1 = vload(g, i + 1, gq)
+                    s10, s11, s12 = vfma(g1, b0, s10), vfma(g1, b1, s11), vfma(g1, b2, s12)
+                    g2 = vload(g, i + 2, gq)
+                    s20, s21, s22 = vfma(g2, b0, s20), vfma(g2, b1, s21), vfma(g2, b2, s22)
+                    g3 = vload(g, i + 3, gq)
+                    s30, s31, s32 = vfma(g3, b0, s30), vfma(g3, b1, s31), vfma(g3, b2, s32)
+            _finish(out, i, p, s00, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i, p + 1, s01, g, src, starts[p + 1], image_stride, run, accumulate)
+            _finish(out, i, p + 2, s02, g, src, starts[p + 2], image_stride, run, accumulate)
+            _finish(out, i + 1, p, s10, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 1, p + 1, s11, g, src, starts[p + 1], image_stride, run, accumulate)
+            _finish(out, i + 1, p + 2, s12, g, src, starts[p + 2], image_stride, run, accumulate)
+            _finish(out, i + 2, p, s20, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 2, p + 1, s21, g, src, starts[p + 1], image_stride, run, accumulate)
+            _finish(out, i + 2, p + 2, s22, g, src, starts[p + 2], image_stride, run, accumulate)
+            _finish(out, i + 3, p, s30, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 3, p + 1, s31, g, src, starts[p + 1], image_stride, run, accumulate)
+            _finish(out, i + 3, p + 2, s32, g, src, starts[p + 2], image_stride, run, accumulate)

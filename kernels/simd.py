@@ -94,11 +94,16 @@ def vfma(typingctx, a, b, c):
 
 @intrinsic
 def vsum(typingctx, v):
-    """The sum of the eight lanes, added in lane order (a fixed order: deterministic)."""
+    """The sum of the eight lanes, as the tree ((0+4) + (2+6)) + ((1+5) + (3+7)): a fixed order
+    (deterministic), three additions deep."""
     def codegen(context, builder, sig, args):
-        total = builder.extract_element(args[0], ir.Constant(ir.IntType(32), 0))
-        for lane in range(1, 8):
-            total = builder.fadd(total, builder.extract_element(
-                args[0], ir.Constant(ir.IntType(32), lane)))
-        return total
+        i32 = ir.IntType(32)
+        v = args[0]
+        for width in (4, 2, 1):
+            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
+                                                          list(range(width))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
+                                                          list(range(width, 2 * width))))
+            v = builder.fadd(lo, hi)
+        return builder.extract_element(v, ir.Constant(i32, 0))
     return types.float32(v), codegen
