@@ -132,15 +132,16 @@ def test_conv2d_layer_same_as_contract_path(bias):
     assert layers[0].backward(grad_y, need_input_grad=False) is None
 
 
-def test_threads_have_their_own_scratch():
+@pytest.mark.parametrize("c,oc", [(3, 5), (4, 8)])       # columns + BLAS; gathered
+def test_threads_have_their_own_scratch(c, oc):
     """Two threads convolving at once (the kernels release the GIL) get the serial results."""
     import threading
     rng = np.random.default_rng(7)
     cases = []
-    for shape in [(4, 3, 12, 12), (3, 3, 12, 12)]:     # same C/H/W: same scratch keys per thread
+    for shape in [(4, c, 12, 12), (3, c, 12, 12)]:     # same C/H/W: same scratch keys per thread
         x = rng.standard_normal(shape).astype(np.float32)
-        w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
-        y = np.empty((shape[0], 5, 12, 12), np.float32)
+        w = rng.standard_normal((oc, c, 3, 3)).astype(np.float32)
+        y = np.empty((shape[0], oc, 12, 12), np.float32)
         k.conv2d_forward(x, w, None, y, 1, 1, True)
         dx = np.empty_like(x)
         k.conv2d_backward(x, w, y, y, 1, 1, True, np.empty_like(w), False, None, dx)
