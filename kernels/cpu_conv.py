@@ -41,6 +41,10 @@ from mpitrain.kernels import cpu_gemm
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
 COLS_BYTES = 512 * 1024
+# Bytes of padded images per group on the gathered path (no columns there): four 16-channel 28x28
+# images, eight 32-channel 14x14 ones; 11.1 vs 12.0 ms (16 channels) and 10.8 vs 11.4 ms (32)
+# against one and two images a group, forward + backward at batch 64.
+GATHER_BYTES = 256 * 1024
 
 # Scratch per thread: two models may train in two threads (the kernels release the GIL).
 _local = threading.local()
@@ -312,7 +316,16 @@ class _Plan:
         self.wide = _use_wide(self.w, self.kw, stride, pad)
         self.rs, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
         self.ch = _wide_dims(self.h, self.w, self.kh, pad)[1]
-        self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
+        # Gathered (stride 1, at most 32 output channels): kernels/cpu_gemm.py reads the padded
+        # images in place; the input gradient too when the input has 4k <= 32 channels.
+        self.gathered = self.wide and cpu_gemm.covers(self.oc, self.ckk, x.dtype, self.run) \
+            and cpu_gemm.covers_nt(self.oc, self.ckk, x.dtype)
+        self.gathered_input_grad = cpu_gemm.covers(self.c, self.oc * self.kh * self.kw, x.dtype,
+                                                   self.h * self.rs)
+        if self.gathered:       # no columns: as many padded images as fit in GATHER_BYTES
+            self.group = max(1, min(self.n, GATHER_BYTES // (self.c * self.ch * x.dtype.itemsize)))
+        else:
+            self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
         self.run8 = -(-self.run // 8) * 8                    # R rounded up to whole vectors
         if self.wide:
             # + RS: the last run's junk tail; + 8: run8's
@@ -322,13 +335,6 @@ class _Plan:
             self.xp = bufs.get(key)
             if self.xp is None:                                # zeros stay where no data goes
                 self.xp = bufs[key] = np.zeros(size, x.dtype)
-
-        # Gathered (stride 1, at most 32 output channels): kernels/cpu_gemm.py reads the padded
-        # images in place; the input gradient too when the input has 4k <= 32 channels.
-        self.gathered = self.wide and cpu_gemm.covers(self.oc, self.ckk, x.dtype, self.run) \
-            and cpu_gemm.covers_nt(self.oc, self.ckk, x.dtype)
-        self.gathered_input_grad = cpu_gemm.covers(self.c, self.oc * self.kh * self.kw, x.dtype,
-                                                   self.h * self.rs)
 
     def tap_starts(self):
         """(CKK,): where tap (c, ki, kj)'s run starts in a padded image (see "Gathered")."""
@@ -375,7 +381,8 @@ class _Plan:
 
 
 def gemm_shapes(x_shape, weight_shape, stride, pad, input_grad=True, itemsize=4):
-    """The GEMMs one forward + backward issues, for benchmarks/step.py:
+    """The GEMMs one forward + backward issues on the column path, for benchmarks/step.py's BLAS
+    reference (the gathered path does the same products in other kernels):
     [(a_shape, b_shape, trans_a, trans_b, out_shape, times)]."""
     n, c, h, w = x_shape
     oc, _, kh, kw = weight_shape

@@ -66,8 +66,10 @@ def test_forward_backward_against_reference(shape, relu, dtype, group, monkeypat
     n, c, h, w, oc, ks, stride, pad = shape
     if group is not None:       # images per GEMM: one, two (a smaller last group), else all
         run = cpu_conv._columns(h, w, ks, ks, stride, pad)[1]
-        monkeypatch.setattr(cpu_conv, "COLS_BYTES",
-                            group * c * ks * ks * run * np.dtype(dtype).itemsize)
+        itemsize = np.dtype(dtype).itemsize
+        monkeypatch.setattr(cpu_conv, "COLS_BYTES", group * c * ks * ks * run * itemsize)
+        monkeypatch.setattr(cpu_conv, "GATHER_BYTES",
+                            group * c * cpu_conv._wide_dims(h, w, ks, pad)[1] * itemsize)
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((oc, c, ks, ks)).astype(dtype)
