@@ -29,19 +29,32 @@ from numba import njit
 from mpitrain.kernels.simd import vbroadcast, vfma, vload, vstore, vsum, vzero
 
 # The kernels beat OpenBLAS when the short side of the product (the channels) is at most this.
-SKINNY_MAX = 32
+SKINNY_MAX = 64
 STRIP = 24                     # output columns per block of ``gathered``: three vectors
 
 
 def covers(m, k, dtype, run):
-    """Whether ``gathered`` runs an (M, K) weight operand of ``dtype`` in runs of ``run``."""
-    return (np.dtype(dtype) == np.float32 and m % 4 == 0 and min(m, k) <= SKINNY_MAX
-            and run >= STRIP)
+    """Whether ``gathered`` runs an (M, K) weight operand of ``dtype`` in runs of ``run`` and
+    beats BLAS there: a short side of at most SKINNY_MAX, and runs that 24-wide strips cover
+    with at most 1/8 of their work wasted (the last strip overlaps the one before: a 7x7 image's
+    56 columns would waste 2/7)."""
+    strips = -(-run // STRIP)
+    return (_runs(m, dtype, run) and min(m, k) <= SKINNY_MAX
+            and 8 * (strips * STRIP - run) <= run)
 
 
 def covers_nt(m, p, dtype):
-    """Whether ``gathered_nt`` runs an (M, P) output of ``dtype``."""
-    return np.dtype(dtype) == np.float32 and m % 4 == 0 and p % 3 == 0 and min(m, p) <= SKINNY_MAX
+    """Whether ``gathered_nt`` runs an (M, P) output of ``dtype`` and beats BLAS there."""
+    return _runs_nt(m, dtype) and min(m, p) <= SKINNY_MAX
+
+
+def _runs(m, dtype, run):
+    """What ``gathered`` can run at all."""
+    return np.dtype(dtype) == np.float32 and m % 4 == 0 and run >= STRIP
+
+
+def _runs_nt(m, dtype):
+    return np.dtype(dtype) == np.float32 and m % 4 == 0
 
 
 def quads(a):
@@ -57,8 +70,8 @@ def gathered(quads_a, src, starts, image_stride, run, out):
     src[i*image_stride + starts[k]:][:run] of the flat ``src``; ``quads_a`` = quads(a)."""
     m = quads_a.shape[0] * 4
     _check(src, starts, image_stride, run, out.shape[1])
-    if not (covers(m, quads_a.shape[1], out.dtype, run) and out.shape[0] == m
-            and out.strides[1] == 4 and len(starts) == quads_a.shape[1]):
+    if not (_runs(m, out.dtype, run) and out.shape[0] == m and out.strides[1] == 4
+            and len(starts) == quads_a.shape[1]):
         raise ValueError(f"gathered does not cover ({m}, {quads_a.shape[1]}) -> {out.shape} "
                          f"in runs of {run}")
     _gathered(quads_a, src.reshape((1, -1)), starts, image_stride, run, out)
@@ -68,7 +81,7 @@ def gathered_nt(g, src, starts, image_stride, run, out, accumulate):
     """out (M, P) = (or += if ``accumulate``) the sum over images i of
     g[:, i*run:(i+1)*run] @ B_i^T, B_i's rows as in ``gathered``."""
     _check(src, starts, image_stride, run, g.shape[1])
-    if not (covers_nt(*out.shape, out.dtype) and g.dtype == np.float32 and g.strides[1] == 4
+    if not (_runs_nt(out.shape[0], out.dtype) and g.dtype == np.float32 and g.strides[1] == 4
             and g.shape[0] == out.shape[0] and out.flags.c_contiguous
             and len(starts) == out.shape[1]):
         raise ValueError(f"gathered_nt does not cover {g.shape} -> {out.shape}")
@@ -144,13 +157,25 @@ def _finish(out, i, p, lanes, g, src, start, image_stride, run, accumulate):
 @njit(cache=True, nogil=True)
 def _gathered_nt(g, src, starts, image_stride, run, out, accumulate):
     """out (M, P) (+)= sum over images i of g[:, i*run:(i+1)*run] @ B_i^T, B_i[p, q] =
-    src[0, i*image_stride + starts[p] + q]; M % 4 == 0, P % 3 == 0, g's rows contiguous."""
+    src[0, i*image_stride + starts[p] + q]; M % 4 == 0, g's rows contiguous."""
     m = g.shape[0]
     cols = out.shape[1]
     whole = run - run % 8
     _inside(src, starts, image_stride, g.shape[1] // run, run)
     for i in range(0, m, 4):
-        for p in range(0, cols, 3):
+        for p in range(cols - cols % 3, cols):                  # the last P % 3 columns alone
+            s0, s1, s2, s3 = vzero(), vzero(), vzero(), vzero()
+            for image in range(g.shape[1] // run):
+                x0 = image * image_stride + starts[p]
+                for q in range(0, whole, 8):
+                    b0, gq = vload(src, 0, x0 + q), image * run + q
+                    s0, s1 = vfma(vload(g, i, gq), b0, s0), vfma(vload(g, i + 1, gq), b0, s1)
+                    s2, s3 = vfma(vload(g, i + 2, gq), b0, s2), vfma(vload(g, i + 3, gq), b0, s3)
+            _finish(out, i, p, s0, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 1, p, s1, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 2, p, s2, g, src, starts[p], image_stride, run, accumulate)
+            _finish(out, i + 3, p, s3, g, src, starts[p], image_stride, run, accumulate)
+        for p in range(0, cols - cols % 3, 3):
             s00, s01, s02 = vzero(), vzero(), vzero()
             s10, s11, s12 = vzero(), vzero(), vzero()
             s20, s21, s22 = vzero(), vzero(), vzero()

@@ -46,7 +46,7 @@ def test_gathered_plain_matrix(m, k, n, transposed_a):
 
 
 @pytest.mark.parametrize("m,p,n", [(4, 3, 8), (4, 3, 7), (8, 9, 13), (16, 144, 812),
-                                   (32, 27, 101)])
+                                   (32, 27, 101), (4, 1, 9), (4, 5, 30), (8, 25, 50)])
 def test_gathered_nt_plain_matrix_overwrites_and_accumulates(m, p, n):
     rng = np.random.default_rng(m * p * n)
     g, c = rand(rng, m, n), rand(rng, p, n)
@@ -91,13 +91,17 @@ def test_results_are_deterministic():
 
 
 def test_what_the_kernels_cover():
-    assert cpu_gemm.covers(16, 144, np.float32, 24) and cpu_gemm.covers(144, 16, np.float32, 24)
-    assert cpu_gemm.covers_nt(16, 144, np.float32)
-    for m, k, dtype, run in [(6, 144, np.float32, 100), (64, 576, np.float32, 100),
-                             (16, 144, np.float64, 100), (16, 144, np.float32, 23)]:
+    """Where they beat BLAS: at most 64 channels on the short side, runs that 24-wide strips
+    cover with little waste (ResNet's 16x28x28 and 64x14x14 images, not 7x7's 56 columns)."""
+    for m, k, run in [(16, 144, 24), (144, 16, 812), (64, 576, 210), (32, 25, 812)]:
+        assert cpu_gemm.covers(m, k, np.float32, run)
+    for m, k, dtype, run in [(6, 144, np.float32, 100), (128, 1152, np.float32, 210),
+                             (16, 144, np.float64, 100), (16, 144, np.float32, 23),
+                             (64, 576, np.float32, 56)]:
         assert not cpu_gemm.covers(m, k, dtype, run)
-    for m, p, dtype in [(16, 145, np.float32), (6, 144, np.float32), (64, 576, np.float32),
-                        (16, 144, np.float64)]:
+    for m, p in [(16, 144), (16, 145), (64, 800)]:
+        assert cpu_gemm.covers_nt(m, p, np.float32)
+    for m, p, dtype in [(6, 144, np.float32), (128, 1152, np.float32), (16, 144, np.float64)]:
         assert not cpu_gemm.covers_nt(m, p, dtype)
 
 
@@ -113,19 +117,20 @@ def test_runs_outside_the_source_are_refused():
         cpu_gemm.gathered(cpu_gemm.quads(a), src, np.array([0, 1], np.intp), 0, 12,
                           np.zeros((4, 12), np.float32))
     with pytest.raises(ValueError, match="does not cover"):
-        cpu_gemm.gathered_nt(np.zeros((4, 24), np.float32), src, np.array([0, 1], np.intp), 0,
-                             24, np.zeros((4, 2), np.float32), False)     # P = 2: not 3k
+        cpu_gemm.gathered_nt(np.zeros((6, 24), np.float32), src, np.array([0, 1], np.intp), 0,
+                             24, np.zeros((6, 2), np.float32), False)     # M = 6: not 4k
 
 
-@pytest.mark.parametrize("oc,c,expected", [
-    (16, 16, ["_gathered", "_gathered_nt"]),    # forward, weight and input gradients
-    (16, 3, ["_gathered", "_gathered_nt"]),     # C = 3: the input gradient needs BLAS
-    (64, 64, []),                                # 64 channels: OpenBLAS
+@pytest.mark.parametrize("oc,c,size,expected", [
+    (16, 16, 8, ["_gathered", "_gathered_nt"]),    # forward, weight and input gradients
+    (16, 3, 8, ["_gathered", "_gathered_nt"]),     # C = 3: the input gradient needs BLAS
+    (64, 64, 7, []),                                # 7x7: 56-column runs, BLAS on columns
+    (128, 128, 8, []),                              # 128 channels: OpenBLAS
 ])
-def test_which_convolutions_take_the_kernels(oc, c, expected, kernel_calls):
+def test_which_convolutions_take_the_kernels(oc, c, size, expected, kernel_calls):
     rng = np.random.default_rng(2)
-    x, w = rand(rng, 2, c, 8, 8), rand(rng, oc, c, 3, 3)
-    y = np.empty((2, oc, 8, 8), np.float32)
+    x, w = rand(rng, 2, c, size, size), rand(rng, oc, c, 3, 3)
+    y = np.empty((2, oc, size, size), np.float32)
     cpu_conv.conv2d_forward(x, w, None, y, 1, 1, False)
     cpu_conv.conv2d_backward(x, w, y, y, 1, 1, False, np.empty_like(w), False, None, None)
     assert sorted(set(kernel_calls)) == expected
