@@ -22,10 +22,11 @@ orientations below produce channel-major output, so no layout transposes are nee
 The weight gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array
 (OpenBLAS's faster orientation), transposed into the caller's gradient once per call.
 
-Stride-1 layers with at most 32 output channels (ResNet's first two stages) take the "gathered"
-path instead (below): kernels/cpu_gemm.py's register-blocked kernels read the padded image in
-place, so neither im2col nor col2im runs, and they beat OpenBLAS on these skinny shapes: a
-16-channel 28x28 layer's forward + backward 17.5 -> 12.1 ms. Measured at batch 64, one thread
+Stride-1 layers with at most 64 output channels whose image rows fill the kernels' strips
+(ResNet's first two stages, LeNet's and cifar_cnn's convolutions; cpu_gemm.covers) take the
+"gathered" path instead (below): kernels/cpu_gemm.py's register-blocked kernels read the padded
+image in place, so neither im2col nor col2im runs, and they beat OpenBLAS on these skinny shapes:
+a 16-channel 28x28 layer's forward + backward 17.0 -> 11.0 ms. Measured at batch 64, one thread
 (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
@@ -316,8 +317,9 @@ class _Plan:
         self.wide = _use_wide(self.w, self.kw, stride, pad)
         self.rs, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
         self.ch = _wide_dims(self.h, self.w, self.kh, pad)[1]
-        # Gathered (stride 1, at most 32 output channels): kernels/cpu_gemm.py reads the padded
-        # images in place; the input gradient too when the input has 4k <= 32 channels.
+        # Gathered (stride 1, cpu_gemm.covers: at most 64 output channels, rows that fill its
+        # strips): the padded images read in place; the input gradient too when the input
+        # channels are a multiple of 4 (and at most 64).
         self.gathered = self.wide and cpu_gemm.covers(self.oc, self.ckk, x.dtype, self.run) \
             and cpu_gemm.covers_nt(self.oc, self.ckk, x.dtype)
         self.gathered_input_grad = cpu_gemm.covers(self.c, self.oc * self.kh * self.kw, x.dtype,

@@ -1,10 +1,10 @@
 """Skinny float32 GEMMs for the CPU convolution, register-blocked on 8-float vectors, reading
 the padded image in place.
 
-OpenBLAS is tuned for large square-ish products; the GEMMs of a 16- or 32-channel convolution
-have one side of 16-32 (the channels) against ~150-300 (C*KH*KW) and ~200-800 (pixels of an
-image), and run there at 55-70% of its large-GEMM speed, after an im2col copy of the image that
-BLAS then packs again. These kernels keep a 4 x 24 block of the output (or 4 x 3 dot products)
+OpenBLAS is tuned for large square-ish products; the GEMMs of a 16- to 64-channel convolution
+have one side of 16-64 (the channels) against ~150-800 (C*KH*KW) and ~200-800 (pixels of an
+image), and run there at 55-85% of its large-GEMM speed (16 channels: 55-65%), after an im2col
+copy of the image that BLAS then packs again. These kernels keep a 4 x 24 block of the output (or 4 x 3 dot products)
 in 12 vector registers through the whole contraction (kernels/simd.py) and take the "B" operand
 as *gathered rows*: row k of image i is the run src[i*image_stride + starts[k]:][:run] of one flat
 array. For a stride-1 convolution ``src`` is the zero-padded image and ``starts`` the offsets of
@@ -15,7 +15,8 @@ the KH*KW*C taps (kernels/cpu_conv.py, "Gathered"), so no column matrix is writt
     gathered_nt  out (M, P) (+)= sum_i g[:, image i] @ B_i^T             weight grad: g @ taps^T
 
 A plain C-contiguous matrix is the special case starts = arange(K) * N, image_stride = 0.
-With 64 or more channels OpenBLAS on columns is as fast or faster (docs/benchmarks.md), so
+With more than 64 channels, or on a 7x7 image (56 columns: the last 24-wide strip overlaps
+the one before by 16), OpenBLAS on columns is as fast or faster (docs/benchmarks.md), so
 ``covers`` / ``covers_nt`` say where the caller should use these. The loads are unchecked:
 the kernels check every run's bounds once per call and raise ValueError.
 
