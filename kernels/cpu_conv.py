@@ -273,8 +273,8 @@ def _crop_bias_act(y_cols, y, bias, use_bias, relu, rs):
 
 @njit(cache=True, nogil=True)
 def _grad_cols(y, grad_y, g_cols, relu, rs):
-    """g_cols (OC, G*C) = grad_y * (y > 0) (or grad_y), image g's OH rows of RS at column g*C,
-    zero in the junk columns and in each image's last C - OH*RS (C = G*C / G >= OH*RS)."""
+    """g_cols (OC, G*IC) = grad_y * (y > 0) (or grad_y): image g's OH rows of RS columns from
+    column g*IC (IC = g_cols' width / G >= OH*RS), zero in the junk columns and after OH*RS."""
     groups, chans, oh, ow = y.shape
     image_cols = g_cols.shape[1] // groups
     for o in range(chans):

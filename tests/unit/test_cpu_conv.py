@@ -25,6 +25,7 @@ SHAPES = [
     # the last (5x5 images: 35-column runs, too short) and the stride-2 one
     (2, 4, 6, 7, 8, 3, 1, 1),
     (2, 4, 12, 12, 8, 5, 1, 2),         # C*K*K = 100: a weight-gradient column left over
+    (2, 3, 8, 8, 4, 3, 1, 1),           # C = 3: gathered forward, backward on columns
     (2, 4, 9, 9, 12, 3, 2, 1),
     (3, 2, 5, 5, 4, 5, 1, 2),
 ]
