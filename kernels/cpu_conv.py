@@ -1,4 +1,4 @@
-"""CPU convolution, a few images at a time: im2col into a cache-sized buffer, GEMMs, fused epilogues.
+"""CPU convolution, a few images at a time: im2col in a cache-sized buffer, GEMMs, fused epilogues.
 
 An optional part of the CPU backend, outside the kernel contract (kernels/contract.py): Conv2D
 runs ``conv2d_forward`` / ``conv2d_backward`` when its backend has them and the contract's

@@ -48,9 +48,15 @@ def vzero(typingctx):
     return f32x8(), codegen
 
 
+def _float32_matrix(a):
+    return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32
+
+
 @intrinsic
 def vload(typingctx, a, i, j):
     """a[i, j:j + 8] of a 2-D float32 array whose rows are contiguous."""
+    if not _float32_matrix(a):
+        return None                                     # a typing error, not a wrong load
     def codegen(context, builder, sig, args):
         load = builder.load(_lanes_pointer(context, builder, sig.args[0], args[0], args[1:],
                                            sig.args[1:]))
@@ -62,6 +68,8 @@ def vload(typingctx, a, i, j):
 @intrinsic
 def vstore(typingctx, a, i, j, v):
     """a[i, j:j + 8] = v."""
+    if not (_float32_matrix(a) and v == f32x8):
+        return None
     def codegen(context, builder, sig, args):
         store = builder.store(args[3], _lanes_pointer(context, builder, sig.args[0], args[0],
                                                       args[1:3], sig.args[1:3]))
@@ -85,6 +93,8 @@ def vbroadcast(typingctx, x):
 @intrinsic
 def vfma(typingctx, a, b, c):
     """a * b + c, lane by lane, rounded once (llvm.fma)."""
+    if not a == b == c == f32x8:
+        return None
     def codegen(context, builder, sig, args):
         fma = cgutils.get_or_insert_function(builder.module,
                                              ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v8f32")
@@ -96,6 +106,8 @@ def vfma(typingctx, a, b, c):
 def vsum(typingctx, v):
     """The sum of the eight lanes, as the tree ((0+4) + (2+6)) + ((1+5) + (3+7)): a fixed order
     (deterministic), three additions deep."""
+    if v != f32x8:
+        return None
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
         v = args[0]
