@@ -7,8 +7,9 @@ image), and run there at 55-85% of its large-GEMM speed (16 channels: 55-65%), a
 copy of the image that BLAS then packs again. These kernels keep a 4 x 24 block of the output
 (or 4 x 3 dot products) in 12 vector registers through the whole contraction (kernels/simd.py)
 and take the "B" operand as *gathered rows*: row k of image i is the run
-src[i*image_stride + starts[k]:][:run] of one flat array. For a stride-1 convolution ``src`` is the zero-padded image and ``starts`` the offsets of
-the KH*KW*C taps (kernels/cpu_conv.py, "Gathered"), so no column matrix is written or packed:
+src[i*image_stride + starts[k]:][:run] of one flat array. For a stride-1 convolution ``src`` is
+the zero-padded image and ``starts`` the offsets of the KH*KW*C taps (kernels/cpu_conv.py,
+"Gathered"), so no column matrix is written or packed:
 
     gathered     out (M, images*run)  = a (M, K) @ [B_0 | B_1 | ...]     forward: W @ x's taps
                                                                          input grad: W^T @ g's
