@@ -93,7 +93,7 @@ def gathered_nt(g, src, starts, image_stride, run, out, accumulate):
 def _check(src, starts, image_stride, run, columns):
     """What the caller must hold to; the runs' bounds are checked in the kernels (_inside)."""
     if not (src.dtype == np.float32 and src.flags.c_contiguous and starts.dtype == np.intp
-            and starts.ndim == 1 and len(starts) and columns % run == 0):
+            and starts.ndim == 1 and len(starts) and run > 0 and columns % run == 0):
         raise ValueError(f"gathered operands: a float32 C-contiguous source, intp starts, "
                          f"{columns} columns in whole runs of {run}")
 

@@ -116,6 +116,9 @@ def test_runs_outside_the_source_are_refused():
     with pytest.raises(ValueError, match="does not cover"):
         cpu_gemm.gathered(cpu_gemm.quads(a), src, np.array([0, 1], np.intp), 0, 12,
                           np.zeros((4, 12), np.float32))
+    with pytest.raises(ValueError, match="whole runs"):
+        cpu_gemm.gathered_nt(np.zeros((4, 24), np.float32), src, np.array([0, 1], np.intp), 0,
+                             0, np.zeros((4, 2), np.float32), False)      # run 0
     with pytest.raises(ValueError, match="does not cover"):
         cpu_gemm.gathered_nt(np.zeros((6, 24), np.float32), src, np.array([0, 1], np.intp), 0,
                              24, np.zeros((6, 2), np.float32), False)     # M = 6: not 4k
