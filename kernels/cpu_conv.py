@@ -235,9 +235,9 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
 #     sum over (o, ki, kj) of W[o, c, ki, kj] * g[o, u - (ki*RS + kj)],
 # g zero outside its OH*RS columns; with g copied into zero-padded "gradient planes" (``_spread``,
 # ``grad_planes``: Z zeros before each, enough after) that is gathered rows again, starting at
-# o*GS + Z + u0 - (ki*RS + kj) (``grad_starts``), with W^T (C, OC*KH*KW) as the weight operand;
-# the epilogue crops the junk columns. It needs C a multiple of 4 (else the backward runs the
-# column path; the first layer, C = 1 or 3, needs no input gradient).
+# o*GS + Z + u0 - (ki*RS + kj) (also from ``grad_planes``), with W^T (C, OC*KH*KW) as the
+# weight operand; the epilogue crops the junk columns. It needs C a multiple of 4 (else the
+# backward runs the column path; the first layer, C = 1 or 3, needs no input gradient).
 
 @njit(cache=True, nogil=True)
 def _spread(g, gp, images, z, gs):
@@ -344,8 +344,10 @@ class _Plan:
                 + np.arange(self.kw)).reshape(-1).astype(np.intp)
 
     def grad_planes(self):
-        """(gp, Z, GS): the gradient planes of the input gradient, GS long each, image i's
-        channel o's g at gp[(i*OC + o)*GS + Z:][:R], zeros around it (written once)."""
+        """(gp, Z, GS, starts): the gradient planes of the input gradient, GS long each, image
+        i's channel o's g at gp[(i*OC + o)*GS + Z:][:R8], zeros around it (written once); and
+        (OC*KH*KW,) where the run for tap (o, ki, kj) starts in them: the input gradient's row u
+        gathers g[u - (ki*RS + kj)]."""
         u0 = self.pad * self.rs + self.pad                  # x[0, 0] in a padded image
         z = max(0, (self.kh - 1) * self.rs + self.kw - 1 - u0)
         gs = max(z + u0 + self.h * self.rs, z + self.run8)
@@ -354,15 +356,9 @@ class _Plan:
         bufs = _scratch()
         if key not in bufs:
             bufs[key] = np.zeros(self.group * self.oc * gs, self.dtype)
-        return bufs[key], z, gs
-
-    def grad_starts(self, z, gs):
-        """(OC*KH*KW,): where the run for tap (o, ki, kj) starts in the gradient planes: the
-        input gradient's row u gathers g[u - (ki*RS + kj)]."""
-        u0 = self.pad * self.rs + self.pad
-        return (np.arange(self.oc)[:, None, None] * gs + z + u0
-                - np.arange(self.kh)[:, None] * self.rs - np.arange(self.kw)
-                ).reshape(-1).astype(np.intp)
+        starts = (np.arange(self.oc)[:, None, None] * gs + z + u0
+                  - np.arange(self.kh)[:, None] * self.rs - np.arange(self.kw))
+        return bufs[key], z, gs, starts.reshape(-1).astype(np.intp)
 
     def cols(self, tag, rows, images):
         return _matrix(tag, rows, images * self.run, self.dtype)
@@ -459,11 +455,10 @@ def _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_we
     dw = grad_weight.reshape((p.oc, p.ckk))                  # (OC, CKK)
     starts = p.tap_starts()
     if grad_x is not None:
-        gp, z, gs = p.grad_planes()
+        gp, z, gs, back = p.grad_planes()
         # dx's wide rows (C, G*H*RS) = W^T (C, OC*KH*KW) @ the gradient planes, read backwards
         wt_quads = cpu_gemm.quads(np.ascontiguousarray(weight.transpose(1, 0, 2, 3))
                                   .reshape((p.c, p.oc * p.kh * p.kw)))
-        back = p.grad_starts(z, gs)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
         images = xg.shape[0]
