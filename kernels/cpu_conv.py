@@ -22,12 +22,12 @@ orientations below produce channel-major output, so no layout transposes are nee
 The weight gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array
 (OpenBLAS's faster orientation), transposed into the caller's gradient once per call.
 
-Stride-1 layers with at most 64 output channels whose image rows fill the kernels' strips
-(ResNet's first two stages, LeNet's and cifar_cnn's convolutions; cpu_gemm.covers) take the
-"gathered" path instead (below): kernels/cpu_gemm.py's register-blocked kernels read the padded
-image in place, so neither im2col nor col2im runs, and they beat OpenBLAS on these skinny shapes:
-a 16-channel 28x28 layer's forward + backward 17.0 -> 11.0 ms. Measured at batch 64, one thread
-(docs/benchmarks.md).
+Stride-1 float32 layers whose output channels are a multiple of 16 (every convolution of
+ResNet-20, LeNet and cifar_cnn) take the "gathered" path instead (below): kernels/cpu_gemm.py's
+register-blocked kernels read the padded image in place, pixels as rows, so neither im2col nor
+col2im runs and no padding column is computed; forward + backward at batch 64, one thread: a
+16-channel 28x28 layer 11.2 -> 10.2 ms, 32-channel 14x14 11.4 -> 9.0, 64-channel 7x7
+13.3 -> 9.1 (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy).
@@ -38,13 +38,14 @@ import numpy as np
 from numba import njit
 
 from mpitrain.kernels import cpu_gemm
+from mpitrain.kernels.simd import vtranspose8
 
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
 COLS_BYTES = 512 * 1024
-# Bytes of padded images per group on the gathered path (no columns there): four 16-channel 28x28
-# images, eight 32-channel 14x14 ones; 11.1 vs 12.0 ms (16 channels) and 10.8 vs 11.4 ms (32)
-# against one and two images a group, forward + backward at batch 64.
+# Bytes of a group on the gathered path: its padded images and its output (or gradient) as
+# pixels x channels; two 16-channel 28x28 images, eight 64-channel 7x7 ones. The time is within
+# 10% from 1 to 8 images a group, but not at 64: the first layer's pixels (6 MB) leave the cache.
 GATHER_BYTES = 256 * 1024
 
 # Scratch per thread: two models may train in two threads (the kernels release the GIL).
@@ -227,29 +228,84 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
                     dst[ww] = src[ww]
 
 
-# Gathered: the wide layout without columns. Row (c, ki, kj) of image i's im2col matrix *is* the
-# run xp[i*C*CH + c*CH + ki*RS + kj:][:OH*RS] of the padded images, so cpu_gemm.gathered reads
-# it there (``tap_starts``); the weight gradient contracts g with the same runs
-# (gathered_nt; g's runs rounded up to whole vectors with zeros, R8). The input gradient is the
-# transposed convolution written as a gather: padded row u of dx's channel c is
-#     sum over (o, ki, kj) of W[o, c, ki, kj] * g[o, u - (ki*RS + kj)],
-# g zero outside its OH*RS columns; with g copied into zero-padded "gradient planes" (``_spread``,
-# ``grad_planes``: Z zeros before each, enough after) that is gathered rows again, starting at
-# o*GS + Z + u0 - (ki*RS + kj) (also from ``grad_planes``), with W^T (C, OC*KH*KW) as the
-# weight operand; the epilogue crops the junk columns. It needs C a multiple of 4 (else the
+# Gathered: no columns. X[p, k], the im2col matrix with output pixels as rows, is the element
+# xp[pixels[p] + taps[k]] of the padded images (wide layout above; pixels[p] = image*C*CH +
+# i*RS + j for output pixel (i, j), taps[k] = c*CH + ki*RS + kj), so cpu_gemm reads it there:
+#     forward      y (P, OC)    = X @ W^T                      then transposed into NCHW + bias (+ ReLU)
+#     backward     g (P, OC)    = grad_y * (y > 0), pixel-major
+#                  dW^T (CKK, OC) += X^T @ g
+#                  dx (H*W, C)  = the transposed convolution: a stride-1 convolution of g
+#                                 zero-padded by K-1-pad ("gradient planes", written by the
+#                                 ReLU mask) with W flipped and transposed, gathered the same way
+# It needs a square kernel with pad < K and, for the input gradient, C a multiple of 16 (else the
 # backward runs the column path; the first layer, C = 1 or 3, needs no input gradient).
 
+def _windows(chans, h, w, k, pad, images):
+    """The gathered operands of a stride-1 convolution of ``images`` padded (chans, h, w) images
+    in the wide layout: (pixels (images*OH*OW,), taps (chans*K*K,), RS, CH)."""
+    rs, ch = _wide_dims(h, w, k, pad)
+    oh, ow = _out_size(h, k, 1, pad), _out_size(w, k, 1, pad)
+    pixels = (np.arange(images)[:, None, None] * chans * ch + np.arange(oh)[:, None] * rs
+              + np.arange(ow))
+    taps = np.arange(chans)[:, None, None] * ch + np.arange(k)[:, None] * rs + np.arange(k)
+    return pixels.reshape(-1).astype(np.intp), taps.reshape(-1).astype(np.intp), rs, ch
+
+
 @njit(cache=True, nogil=True)
-def _spread(g, gp, images, z, gs):
-    """gp[(i*OC + o)*GS + Z:][:R8] = g[o, i*R8:(i+1)*R8] for the images i of g (OC, images*R8)."""
-    chans, columns = g.shape
-    run = columns // images
-    for i in range(images):
+def _store_pixels(out, y, bias, use_bias, relu):
+    """y (G, N, OH, OW) = out (G*OH*OW, N) transposed, + bias, then ReLU; N % 8 == 0, y's images
+    contiguous."""
+    groups, chans, oh, ow = y.shape
+    pixels = oh * ow
+    for g in range(groups):
+        rows, planes = out[g * pixels:(g + 1) * pixels], y[g].reshape((chans, pixels))
+        for p in range(0, pixels - 7, 8):                   # 8 x 8 blocks in registers
+            for o in range(0, chans, 8):
+                vtranspose8(rows, p, o, planes, o, p)
+        for p in range(pixels - pixels % 8, pixels):
+            for o in range(chans):
+                planes[o, p] = rows[p, o]
+        if use_bias or relu:
+            for o in range(chans):
+                b = bias[o] if use_bias else 0
+                plane = planes[o]
+                for p in range(pixels):
+                    v = plane[p] + b
+                    plane[p] = 0 if relu and v < 0 else v
+
+
+@njit(cache=True, nogil=True)
+def _mask_pixels(y, grad_y, relu, g, planes, want_planes, pad, rs, ch):
+    """g (G*OH*OW, OC) = grad_y * (y > 0) (or grad_y), pixel-major; if ``want_planes``, the same
+    values into the data slots of the padded gradient planes (flat, wide layout, zeros
+    elsewhere, written once): channel o of image i at planes[(i*OC + o)*CH:]."""
+    groups, chans, oh, ow = y.shape
+    # one image masked, channel-major; rows an odd number of cache lines apart, so the
+    # transpose's column walk does not keep hitting one cache set (32x32 images: 2x slower)
+    image = np.empty((chans, (-(-oh * ow // 16) | 1) * 16), g.dtype)
+    for i in range(groups):
+        # plane by plane (y and grad_y stream from memory in order), each row a contiguous
+        # select LLVM vectorises (a branch per pixel mispredicts on ReLU's random signs)
         for o in range(chans):
-            dst = gp[(i * chans + o) * gs + z:]
-            src = g[o, i * run:]
-            for q in range(run):
-                dst[q] = src[q]
+            for r in range(oh):
+                gy, yy, masked = grad_y[i, o, r], y[i, o, r], image[o, r * ow:(r + 1) * ow]
+                if relu:
+                    for j in range(ow):
+                        masked[j] = gy[j] if yy[j] > 0 else 0
+                else:
+                    masked[:] = gy
+                if want_planes:
+                    dst = planes[(i * chans + o) * ch + pad + (r + pad) * rs:]
+                    for j in range(ow):
+                        dst[j] = masked[j]
+        pixels = oh * ow
+        rows = g[i * pixels:(i + 1) * pixels]           # transposed, 8 x 8 blocks in registers
+        for p in range(0, pixels - 7, 8):
+            for o in range(0, chans, 8):
+                vtranspose8(image, o, p, rows, p, o)
+        for p in range(pixels - pixels % 8, pixels):
+            for o in range(chans):
+                rows[p, o] = image[o, p]
 
 
 # Both layouts: epilogue and prologue between the GEMM columns and NCHW. -------------------------
@@ -273,16 +329,13 @@ def _crop_bias_act(y_cols, y, bias, use_bias, relu, rs):
 
 @njit(cache=True, nogil=True)
 def _grad_cols(y, grad_y, g_cols, relu, rs):
-    """g_cols (OC, G*IC) = grad_y * (y > 0) (or grad_y): image g's OH rows of RS columns from
-    column g*IC (IC = g_cols' width / G >= OH*RS), zero in the junk columns and after OH*RS."""
+    """g_cols (OC, G*OH*RS) = grad_y * (y > 0) (or grad_y), zero in the junk columns."""
     groups, chans, oh, ow = y.shape
-    image_cols = g_cols.shape[1] // groups
     for o in range(chans):
         for g in range(groups):
-            image = g_cols[o, g * image_cols:(g + 1) * image_cols]
             for i in range(oh):
                 gy, yy = grad_y[g, o, i], y[g, o, i]
-                dst = image[i * rs:(i + 1) * rs]
+                dst = g_cols[o, (g * oh + i) * rs:(g * oh + i + 1) * rs]
                 if relu:
                     for j in range(ow):
                         dst[j] = gy[j] if yy[j] > 0 else 0
@@ -291,8 +344,6 @@ def _grad_cols(y, grad_y, g_cols, relu, rs):
                         dst[j] = gy[j]
                 for j in range(ow, rs):
                     dst[j] = 0
-            for j in range(oh * rs, image_cols):
-                image[j] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -312,53 +363,38 @@ class _Plan:
         self.n, self.c, self.h, self.w = x.shape
         self.oc, _, self.kh, self.kw = weight.shape
         self.stride, self.pad, self.dtype = stride, pad, x.dtype
-        self.oh = _out_size(self.h, self.kh, stride, pad)
+        self.oh, self.ow = _out_size(self.h, self.kh, stride, pad), _out_size(self.w, self.kw,
+                                                                               stride, pad)
         self.ckk = self.c * self.kh * self.kw
-        self.wide = _use_wide(self.w, self.kw, stride, pad)
-        self.rs, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
-        self.ch = _wide_dims(self.h, self.w, self.kh, pad)[1]
-        # Gathered (stride 1, cpu_gemm.covers: at most 64 output channels, rows that fill its
-        # strips): the padded images read in place; the input gradient too when the input
-        # channels are a multiple of 4 (and at most 64).
-        self.gathered = self.wide and cpu_gemm.covers(self.oc, self.ckk, x.dtype, self.run) \
-            and cpu_gemm.covers_nt(self.oc, self.ckk, x.dtype)
-        self.gathered_input_grad = cpu_gemm.covers(self.c, self.oc * self.kh * self.kw, x.dtype,
-                                                   self.h * self.rs)
-        if self.gathered:       # no columns: as many padded images as fit in GATHER_BYTES
-            self.group = max(1, min(self.n, GATHER_BYTES // (self.c * self.ch * x.dtype.itemsize)))
+        # Gathered (see above): float32, output channels a multiple of 16, stride 1, a square
+        # kernel with pad < K, at least one six-row block of taps and of pixels; the input
+        # gradient too when the input channels are a multiple of 16.
+        self.gathered = (stride == 1 and self.kh == self.kw and pad < self.kh
+                         and cpu_gemm.covers(self.oc, x.dtype)
+                         and min(self.ckk, self.oh * self.ow) >= cpu_gemm.ROWS)
+        self.gathered_input_grad = cpu_gemm.covers(self.c, x.dtype)
+        self.wide = self.gathered or _use_wide(self.w, self.kw, stride, pad)
+        self.rs, self.ch = _wide_dims(self.h, self.w, self.kh, pad)
+        if not self.wide:
+            self.rs = self.ow
+        self.run = self.oh * self.rs
+        if self.gathered:       # as many images as fit in GATHER_BYTES: padded, and as pixels
+            image = (self.c * self.ch + self.oh * self.ow * self.oc) * x.dtype.itemsize
+            self.group = max(1, min(self.n, GATHER_BYTES // image))
         else:
             self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
-        self.run8 = -(-self.run // 8) * 8                    # R rounded up to whole vectors
         if self.wide:
-            # + RS: the last run's junk tail; + 8: run8's
-            size = self.group * self.c * self.ch + self.rs + 8
-            key = ("xp", (self.c, self.h, self.w, self.kh, pad, self.group), x.dtype.str)
-            bufs = _scratch()
-            self.xp = bufs.get(key)
-            if self.xp is None:                                # zeros stay where no data goes
-                self.xp = bufs[key] = np.zeros(size, x.dtype)
+            self.xp = self.padded("xp", self.c, self.h, self.w, pad)
 
-    def tap_starts(self):
-        """(CKK,): where tap (c, ki, kj)'s run starts in a padded image (see "Gathered")."""
-        return (np.arange(self.c)[:, None, None] * self.ch + np.arange(self.kh)[:, None] * self.rs
-                + np.arange(self.kw)).reshape(-1).astype(np.intp)
-
-    def grad_planes(self):
-        """(gp, Z, GS, starts): the gradient planes of the input gradient, GS long each, image
-        i's channel o's g at gp[(i*OC + o)*GS + Z:][:R8], zeros around it (written once); and
-        (OC*KH*KW,) where the run for tap (o, ki, kj) starts in them: the input gradient's row u
-        gathers g[u - (ki*RS + kj)]."""
-        u0 = self.pad * self.rs + self.pad                  # x[0, 0] in a padded image
-        z = max(0, (self.kh - 1) * self.rs + self.kw - 1 - u0)
-        gs = max(z + u0 + self.h * self.rs, z + self.run8)
-        key = ("gp", (self.oc, self.h, self.w, self.kh, self.kw, self.pad, self.group),
-               self.dtype.str)
+    def padded(self, tag, chans, h, w, pad):
+        """A group's zero-padded (chans, h, w) images, flat in the wide layout; zeros stay where no
+        data goes (written once). + RS: the last run's junk tail (column path)."""
+        rs, ch = _wide_dims(h, w, self.kh, pad)
+        key = (tag, (chans, h, w, self.kh, pad, self.group), self.dtype.str)
         bufs = _scratch()
         if key not in bufs:
-            bufs[key] = np.zeros(self.group * self.oc * gs, self.dtype)
-        starts = (np.arange(self.oc)[:, None, None] * gs + z + u0
-                  - np.arange(self.kh)[:, None] * self.rs - np.arange(self.kw))
-        return bufs[key], z, gs, starts.reshape(-1).astype(np.intp)
+            bufs[key] = np.zeros(self.group * chans * ch + rs, self.dtype)
+        return bufs[key]
 
     def cols(self, tag, rows, images):
         return _matrix(tag, rows, images * self.run, self.dtype)
@@ -406,17 +442,21 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     use_bias = bias is not None
     b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
     if p.gathered:
-        w_quads, starts = cpu_gemm.quads(w2d), p.tap_starts()
+        w_t = np.ascontiguousarray(w2d.T)                    # (CKK, OC)
+        pixels, taps = _windows(p.c, p.h, p.w, p.kh, pad, p.group)[:2]
+        y_pix = _matrix("y_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
         if p.gathered:
+            rows = xg.shape[0] * p.oh * p.ow
             _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
-            cpu_gemm.gathered(w_quads, p.xp, starts, p.c * p.ch, p.run, y_cols)
-        else:
-            cols = p.cols("cols", p.ckk, xg.shape[0])        # (CKK, G*R)
-            p.im2col(xg, cols)
-            np.matmul(w2d, cols, out=y_cols)
+            cpu_gemm.gathered(w_t, p.xp, pixels[:rows], taps, y_pix[:rows])
+            _store_pixels(y_pix, y[n0:n0 + p.group], b, use_bias, relu)
+            continue
+        y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
+        cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
+        p.im2col(xg, cols)
+        np.matmul(w2d, cols, out=y_cols)
         _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.rs)
 
 
@@ -452,25 +492,31 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
 def _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias,
                        grad_x):
     """conv2d_backward without columns (see "Gathered" above)."""
-    dw = grad_weight.reshape((p.oc, p.ckk))                  # (OC, CKK)
-    starts = p.tap_starts()
+    pixels, taps = _windows(p.c, p.h, p.w, p.kh, p.pad, p.group)[:2]
+    dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
+    q = p.kh - 1 - p.pad                                     # the transposed convolution's pad
+    planes = p.padded("grad_planes", p.oc, p.oh, p.ow, q) if grad_x is not None else dw_t[0]
     if grad_x is not None:
-        gp, z, gs, back = p.grad_planes()
-        # dx's wide rows (C, G*H*RS) = W^T (C, OC*KH*KW) @ the gradient planes, read backwards
-        wt_quads = cpu_gemm.quads(np.ascontiguousarray(weight.transpose(1, 0, 2, 3))
-                                  .reshape((p.c, p.oc * p.kh * p.kw)))
+        dx_pixels, dx_taps, grs, gch = _windows(p.oc, p.oh, p.ow, p.kh, q, p.group)
+        # W flipped and transposed: row (o, ki, kj), column c = W[o, c, K-1-ki, K-1-kj]
+        w_flip = np.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(0, 2, 3, 1)
+                                      .reshape((-1, p.c)))
+        dx = _matrix("dx_pixels", len(dx_pixels), p.c, x.dtype)   # (G*H*W, C)
+    else:
+        grs = gch = 0
+    g_pix = _matrix("g_pixels", len(pixels), p.oc, x.dtype)   # (G*OH*OW, OC)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        images = xg.shape[0]
-        g = _matrix("g_runs", p.oc, images * p.run8, x.dtype)  # (OC, G*R8): no short tails
-        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, relu, p.rs)
-        if grad_bias is not None:                            # junk columns add zeros
-            np.add(grad_bias, g.sum(axis=1), out=grad_bias)
+        rows = xg.shape[0] * p.oh * p.ow
+        g = g_pix[:rows]
+        _mask_pixels(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], relu, g, planes,
+                     grad_x is not None, q, grs, gch)
+        if grad_bias is not None:
+            np.add(grad_bias, g.sum(axis=0), out=grad_bias)
         _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
-        cpu_gemm.gathered_nt(g, p.xp, starts, p.c * p.ch, p.run8, dw,
-                             accumulate_weight or n0 > 0)
+        cpu_gemm.gathered_t(g, p.xp, pixels[:rows], taps, dw_t, n0 > 0)
         if grad_x is not None:
-            _spread(g, gp, images, z, gs)
-            dx_rows = _matrix("dx_rows", p.c, images * p.h * p.rs, x.dtype)
-            cpu_gemm.gathered(wt_quads, gp, back, p.oc * gs, p.h * p.rs, dx_rows)
-            _crop_bias_act(dx_rows, grad_x[n0:n0 + p.group], dx_rows[0], False, False, p.rs)
+            dx_rows = xg.shape[0] * p.h * p.w
+            cpu_gemm.gathered(w_flip, planes, dx_pixels[:dx_rows], dx_taps, dx[:dx_rows])
+            _store_pixels(dx, grad_x[n0:n0 + p.group], dx[0], False, False)
+    _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)

@@ -1,211 +1,166 @@
-"""Skinny float32 GEMMs for the CPU convolution, register-blocked on 8-float vectors, reading
-the padded image in place.
+"""Float32 GEMMs for the CPU convolution, register-blocked on 8-float vectors, reading the padded
+image in place.
 
-OpenBLAS is tuned for large square-ish products; the GEMMs of a 16- to 64-channel convolution
-have one side of 16-64 (the channels) against ~150-800 (C*KH*KW) and ~200-800 (pixels of an
-image), and run there at 55-85% of its large-GEMM speed (16 channels: 55-65%), after an im2col
-copy of the image that BLAS then packs again. These kernels keep a 4 x 24 block of the output
-(or 4 x 3 dot products) in 12 vector registers through the whole contraction (kernels/simd.py)
-and take the "B" operand as *gathered rows*: row k of image i is the run
-src[i*image_stride + starts[k]:][:run] of one flat array. For a stride-1 convolution ``src`` is
-the zero-padded image and ``starts`` the offsets of the KH*KW*C taps (kernels/cpu_conv.py,
-"Gathered"), so no column matrix is written or packed:
+A convolution is a GEMM whose "A" operand is the im2col matrix X (pixels x taps): X[p, k] is one
+element of the zero-padded image, at src[bases[p] + offs[k]] (bases: where output pixel p's
+window starts; offs: where tap k = (c, ki, kj) sits in a window; kernels/cpu_conv.py,
+"Gathered"). These kernels read X there instead of from a copy, so neither im2col nor BLAS's
+own packing copy runs:
 
-    gathered     out (M, images*run)  = a (M, K) @ [B_0 | B_1 | ...]     forward: W @ x's taps
-                                                                         input grad: W^T @ g's
-    gathered_nt  out (M, P) (+)= sum_i g[:, image i] @ B_i^T             weight grad: g @ taps^T
+    gathered     out (P, N)    = X (P, K) @ a (K, N)       forward: a = W^T, N = output channels
+                                                           input grad: the same on g's planes
+    gathered_t   out (K, N)  (+)= X^T (K, P) @ b (P, N)    weight grad: b = g, pixel-major
 
-A plain C-contiguous matrix is the special case starts = arange(K) * N, image_stride = 0.
-With more than 64 channels, or on a 7x7 image (56 columns: the last 24-wide strip overlaps
-the one before by 16), OpenBLAS on columns is as fast or faster (docs/benchmarks.md), so
-``covers`` / ``covers_nt`` say where the caller should use these. The loads are unchecked:
-the kernels check every run's bounds once per call and raise ValueError.
+Both keep a 6 x 16 block of the output in 12 AVX2 registers (kernels/simd.py) for the whole
+contraction: per step six X values broadcast from memory, one 16-wide row of the other
+operand, 12 fused multiply-adds (the classic AVX2 SGEMM micro-kernel's shape). Six rows of X
+are six pixels (or six taps), so nothing is computed for padding columns and a 7x7 image wastes
+nothing. They run at 85-95 GFLOP/s where OpenBLAS on im2col columns runs the same ResNet-20
+products at 55-79 (docs/benchmarks.md). The last six-row block of a ragged P (or K) overlaps the
+one before: ``gathered`` rewrites the same values, ``gathered_t`` stores only its new rows.
 
-Each output element is one chain of fused multiply-adds in k order (``gathered``), or eight
-lane chains added as a fixed tree (``gathered_nt``): deterministic, rounded differently from BLAS
-within float32 precision.
+Each output element is one chain of fused multiply-adds in k (or p) order, continued from the
+old value when accumulating: deterministic, rounded differently from BLAS within float32
+precision. The loads are unchecked: the kernels check the operands' bounds once per call and
+raise ValueError.
 """
 import numpy as np
 from numba import njit
 
-from mpitrain.kernels.simd import vbroadcast, vfma, vload, vstore, vsum, vzero
+from mpitrain.kernels.simd import vbroadcast, vfma, vload, vstore, vzero
 
-# The kernels beat OpenBLAS when the short side of the product (the channels) is at most this.
-SKINNY_MAX = 64
-STRIP = 24                     # output columns per block of ``gathered``: three vectors
-
-
-def covers(m, k, dtype, run):
-    """Whether ``gathered`` runs an (M, K) weight operand of ``dtype`` in runs of ``run`` and
-    beats BLAS there: a short side of at most SKINNY_MAX, and runs that 24-wide strips cover
-    with at most 1/8 of their work wasted (the last strip overlaps the one before: a 7x7 image's
-    56 columns would waste 2/7)."""
-    strips = -(-run // STRIP)
-    return (_runs(m, dtype, run) and min(m, k) <= SKINNY_MAX
-            and 8 * (strips * STRIP - run) <= run)
+ROWS = 6                # rows of X per register block
+COLS = 16               # output columns per register block: two vectors
 
 
-def covers_nt(m, p, dtype):
-    """Whether ``gathered_nt`` runs an (M, P) output of ``dtype`` and beats BLAS there."""
-    return _runs_nt(m, dtype) and min(m, p) <= SKINNY_MAX
+def covers(n, dtype):
+    """Whether these kernels run an output of ``n`` columns (channels) of ``dtype``."""
+    return np.dtype(dtype) == np.float32 and n % COLS == 0 and n > 0
 
 
-def _runs(m, dtype, run):
-    """What ``gathered`` can run at all."""
-    return np.dtype(dtype) == np.float32 and m % 4 == 0 and run >= STRIP
+def gathered(a, src, bases, offs, out):
+    """out (P, N) = X (P, K) @ a (K, N), X[p, k] = src[bases[p] + offs[k]] of the flat ``src``."""
+    _check(src, bases, offs, "gathered", bases)
+    if not (covers(a.shape[1], a.dtype) and a.flags.c_contiguous and out.dtype == np.float32
+            and out.shape == (len(bases), a.shape[1]) and out.strides[1] == 4
+            and len(offs) == a.shape[0]):
+        raise ValueError(f"gathered does not cover ({len(bases)}, {len(offs)}) @ {a.shape} "
+                         f"-> {out.shape}")
+    _gathered(a, src.reshape((1, -1)), bases, offs, out)
 
 
-def _runs_nt(m, dtype):
-    return np.dtype(dtype) == np.float32 and m % 4 == 0
+def gathered_t(b, src, bases, offs, out, accumulate):
+    """out (K, N) = (or += if ``accumulate``) X^T (K, P) @ b (P, N), X as in ``gathered``."""
+    _check(src, bases, offs, "gathered_t", offs)
+    if not (covers(b.shape[1], b.dtype) and b.strides[1] == 4 and out.dtype == np.float32
+            and b.shape[0] == len(bases) and out.shape == (len(offs), b.shape[1])
+            and out.flags.c_contiguous):
+        raise ValueError(f"gathered_t does not cover ({len(offs)}, {len(bases)}) @ {b.shape} "
+                         f"-> {out.shape}")
+    _gathered_t(b, src.reshape((1, -1)), bases, offs, out, accumulate)
 
 
-def quads(a):
-    """The weight operand as ``gathered`` reads it: a (M, K) as (M/4, K, 4), contiguous, the four
-    values of a[i:i + 4, k] side by side (one pointer walks the k loop). Once per call of the
-    caller: it copies ``a``."""
-    m, k = a.shape
-    return np.ascontiguousarray(a.reshape((m // 4, 4, k)).transpose(0, 2, 1))
-
-
-def gathered(quads_a, src, starts, image_stride, run, out):
-    """out[:, i*run:(i+1)*run] = a (M, K) @ B_i for each image i, where row k of B_i is the run
-    src[i*image_stride + starts[k]:][:run] of the flat ``src``; ``quads_a`` = quads(a)."""
-    m = quads_a.shape[0] * 4
-    _check(src, starts, image_stride, run, out.shape[1])
-    if not (_runs(m, out.dtype, run) and out.shape[0] == m and out.strides[1] == 4
-            and len(starts) == quads_a.shape[1]):
-        raise ValueError(f"gathered does not cover ({m}, {quads_a.shape[1]}) -> {out.shape} "
-                         f"in runs of {run}")
-    _gathered(quads_a, src.reshape((1, -1)), starts, image_stride, run, out)
-
-
-def gathered_nt(g, src, starts, image_stride, run, out, accumulate):
-    """out (M, P) = (or += if ``accumulate``) the sum over images i of
-    g[:, i*run:(i+1)*run] @ B_i^T, B_i's rows as in ``gathered``."""
-    _check(src, starts, image_stride, run, g.shape[1])
-    if not (_runs_nt(out.shape[0], out.dtype) and g.dtype == np.float32 and g.strides[1] == 4
-            and g.shape[0] == out.shape[0] and out.flags.c_contiguous
-            and len(starts) == out.shape[1]):
-        raise ValueError(f"gathered_nt does not cover {g.shape} -> {out.shape}")
-    _gathered_nt(g, src.reshape((1, -1)), starts, image_stride, run, out, accumulate)
-
-
-def _check(src, starts, image_stride, run, columns):
-    """What the caller must hold to; the runs' bounds are checked in the kernels (_inside)."""
-    if not (src.dtype == np.float32 and src.flags.c_contiguous and starts.dtype == np.intp
-            and starts.ndim == 1 and len(starts) and run > 0 and columns % run == 0):
-        raise ValueError(f"gathered operands: a float32 C-contiguous source, intp starts, "
-                         f"{columns} columns in whole runs of {run}")
+def _check(src, bases, offs, name, blocked):
+    """What the caller must hold to; the bounds are checked in the kernels (_inside)."""
+    if not (src.dtype == np.float32 and src.flags.c_contiguous
+            and all(v.dtype == np.intp and v.ndim == 1 and len(v) for v in (bases, offs))
+            and len(blocked) >= ROWS):
+        raise ValueError(f"{name} operands: a float32 C-contiguous source, intp bases and "
+                         f"offsets, at least {ROWS} rows of X{'^T' if blocked is offs else ''}")
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _inside(src, starts, image_stride, images, run):
-    """Raises unless every image's every run lies inside ``src`` (the loads are unchecked)."""
-    low, high = starts[0], starts[0]
-    for s in starts:
-        low, high = min(low, s), max(high, s)
-    if low < 0 or (images - 1) * image_stride + high + run > src.shape[1]:
-        raise ValueError("gathered: a run leaves the source")
+def _inside(src, bases, offs):
+    """Raises unless every X[p, k] lies inside ``src`` (the loads are unchecked)."""
+    if (bases.min() + offs.min() < 0
+            or bases.max() + offs.max() >= src.shape[1]):
+        raise ValueError("gathered: an element of X lies outside the source")
 
 
 @njit(cache=True, nogil=True)
-def _gathered(quads, src, starts, image_stride, run, out):
-    """out (M, images*run) = a (M, K) @ B_i per image i, B_i[k, j] = src[0, i*image_stride +
-    starts[k] + j]; ``quads`` = quads(a), run >= 24, out's rows contiguous."""
-    m = out.shape[0]
-    depth = quads.shape[1]
-    _inside(src, starts, image_stride, out.shape[1] // run, run)
-    for image in range(out.shape[1] // run):
-        base, col = image * image_stride, image * run
-        for strip in range(0, run, STRIP):
-            j = min(strip, run - STRIP)     # the last strip overlaps the one before: same values
-            for i in range(0, m, 4):
-                c00, c01, c02 = vzero(), vzero(), vzero()
-                c10, c11, c12 = vzero(), vzero(), vzero()
-                c20, c21, c22 = vzero(), vzero(), vzero()
-                c30, c31, c32 = vzero(), vzero(), vzero()
-                rows = quads[i // 4]                    # (K, 4): a[i:i + 4, k] at rows[k]
-                for k in range(depth):
-                    at = base + starts[k] + j
-                    b0, b1, b2 = vload(src, 0, at), vload(src, 0, at + 8), vload(src, 0, at + 16)
-                    a0 = vbroadcast(rows[k, 0])
-                    c00, c01, c02 = vfma(a0, b0, c00), vfma(a0, b1, c01), vfma(a0, b2, c02)
-                    a1 = vbroadcast(rows[k, 1])
-                    c10, c11, c12 = vfma(a1, b0, c10), vfma(a1, b1, c11), vfma(a1, b2, c12)
-                    a2 = vbroadcast(rows[k, 2])
-                    c20, c21, c22 = vfma(a2, b0, c20), vfma(a2, b1, c21), vfma(a2, b2, c22)
-                    a3 = vbroadcast(rows[k, 3])
-                    c30, c31, c32 = vfma(a3, b0, c30), vfma(a3, b1, c31), vfma(a3, b2, c32)
-                q = col + j
-                vstore(out, i, q, c00), vstore(out, i, q + 8, c01), vstore(out, i, q + 16, c02)
-                vstore(out, i + 1, q, c10), vstore(out, i + 1, q + 8, c11)
-                vstore(out, i + 1, q + 16, c12)
-                vstore(out, i + 2, q, c20), vstore(out, i + 2, q + 8, c21)
-                vstore(out, i + 2, q + 16, c22)
-                vstore(out, i + 3, q, c30), vstore(out, i + 3, q + 8, c31)
-                vstore(out, i + 3, q + 16, c32)
+def _gathered(a, src, bases, offs, out):
+    """out (P, N) = X @ a, X[p, k] = src[0, bases[p] + offs[k]]; N % 16 == 0, P >= 6."""
+    pixels, depth, n = len(bases), len(offs), a.shape[1]
+    _inside(src, bases, offs)
+    for nb in range(0, n, COLS):                # a's 16-column panel stays in L1/L2
+        for p0 in range(0, pixels, ROWS):
+            p = min(p0, pixels - ROWS)          # the last block may overlap: same values
+            q0, q1, q2 = bases[p], bases[p + 1], bases[p + 2]
+            q3, q4, q5 = bases[p + 3], bases[p + 4], bases[p + 5]
+            c00, c01, c10, c11 = vzero(), vzero(), vzero(), vzero()
+            c20, c21, c30, c31 = vzero(), vzero(), vzero(), vzero()
+            c40, c41, c50, c51 = vzero(), vzero(), vzero(), vzero()
+            for k in range(depth):
+                o = offs[k]
+                w0, w1 = vload(a, k, nb), vload(a, k, nb + 8)
+                x = vbroadcast(src, 0, q0 + o)
+                c00, c01 = vfma(x, w0, c00), vfma(x, w1, c01)
+                x = vbroadcast(src, 0, q1 + o)
+                c10, c11 = vfma(x, w0, c10), vfma(x, w1, c11)
+                x = vbroadcast(src, 0, q2 + o)
+                c20, c21 = vfma(x, w0, c20), vfma(x, w1, c21)
+                x = vbroadcast(src, 0, q3 + o)
+                c30, c31 = vfma(x, w0, c30), vfma(x, w1, c31)
+                x = vbroadcast(src, 0, q4 + o)
+                c40, c41 = vfma(x, w0, c40), vfma(x, w1, c41)
+                x = vbroadcast(src, 0, q5 + o)
+                c50, c51 = vfma(x, w0, c50), vfma(x, w1, c51)
+            vstore(out, p, nb, c00), vstore(out, p, nb + 8, c01)
+            vstore(out, p + 1, nb, c10), vstore(out, p + 1, nb + 8, c11)
+            vstore(out, p + 2, nb, c20), vstore(out, p + 2, nb + 8, c21)
+            vstore(out, p + 3, nb, c30), vstore(out, p + 3, nb + 8, c31)
+            vstore(out, p + 4, nb, c40), vstore(out, p + 4, nb + 8, c41)
+            vstore(out, p + 5, nb, c50), vstore(out, p + 5, nb + 8, c51)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _finish(out, i, p, lanes, g, src, start, image_stride, run, accumulate):
-    """out[i, p] (+)= the lanes' sum + each image's last run % 8 products."""
-    total = vsum(lanes)
-    for image in range(g.shape[1] // run):
-        for q in range(run - run % 8, run):
-            total += g[i, image * run + q] * src[0, image * image_stride + start + q]
-    out[i, p] = out[i, p] + total if accumulate else total
+def _start(out, k, nb, accumulate):
+    """The accumulators of out[k, nb:nb + 16]: its old values, or zeros."""
+    if accumulate:
+        return vload(out, k, nb), vload(out, k, nb + 8)
+    return vzero(), vzero()
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put(out, k, nb, c0, c1, new):
+    if new:
+        vstore(out, k, nb, c0), vstore(out, k, nb + 8, c1)
 
 
 @njit(cache=True, nogil=True)
-def _gathered_nt(g, src, starts, image_stride, run, out, accumulate):
-    """out (M, P) (+)= sum over images i of g[:, i*run:(i+1)*run] @ B_i^T, B_i[p, q] =
-    src[0, i*image_stride + starts[p] + q]; M % 4 == 0, g's rows contiguous."""
-    m = g.shape[0]
-    cols = out.shape[1]
-    whole = run - run % 8
-    _inside(src, starts, image_stride, g.shape[1] // run, run)
-    for i in range(0, m, 4):
-        for p in range(cols - cols % 3, cols):                  # the last P % 3 columns alone
-            s0, s1, s2, s3 = vzero(), vzero(), vzero(), vzero()
-            for image in range(g.shape[1] // run):
-                x0 = image * image_stride + starts[p]
-                for q in range(0, whole, 8):
-                    b0, gq = vload(src, 0, x0 + q), image * run + q
-                    s0, s1 = vfma(vload(g, i, gq), b0, s0), vfma(vload(g, i + 1, gq), b0, s1)
-                    s2, s3 = vfma(vload(g, i + 2, gq), b0, s2), vfma(vload(g, i + 3, gq), b0, s3)
-            _finish(out, i, p, s0, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 1, p, s1, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 2, p, s2, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 3, p, s3, g, src, starts[p], image_stride, run, accumulate)
-        for p in range(0, cols - cols % 3, 3):
-            s00, s01, s02 = vzero(), vzero(), vzero()
-            s10, s11, s12 = vzero(), vzero(), vzero()
-            s20, s21, s22 = vzero(), vzero(), vzero()
-            s30, s31, s32 = vzero(), vzero(), vzero()
-            for image in range(g.shape[1] // run):
-                x0 = image * image_stride + starts[p]
-                x1 = image * image_stride + starts[p + 1]
-                x2 = image * image_stride + starts[p + 2]
-                for q in range(0, whole, 8):
-                    b0, b1, b2 = vload(src, 0, x0 + q), vload(src, 0, x1 + q), vload(src, 0, x2 + q)
-                    gq = image * run + q
-                    g0 = vload(g, i, gq)
-                    s00, s01, s02 = vfma(g0, b0, s00), vfma(g0, b1, s01), vfma(g0, b2, s02)
-                    g1 = vload(g, i + 1, gq)
-                    s10, s11, s12 = vfma(g1, b0, s10), vfma(g1, b1, s11), vfma(g1, b2, s12)
-                    g2 = vload(g, i + 2, gq)
-                    s20, s21, s22 = vfma(g2, b0, s20), vfma(g2, b1, s21), vfma(g2, b2, s22)
-                    g3 = vload(g, i + 3, gq)
-                    s30, s31, s32 = vfma(g3, b0, s30), vfma(g3, b1, s31), vfma(g3, b2, s32)
-            _finish(out, i, p, s00, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i, p + 1, s01, g, src, starts[p + 1], image_stride, run, accumulate)
-            _finish(out, i, p + 2, s02, g, src, starts[p + 2], image_stride, run, accumulate)
-            _finish(out, i + 1, p, s10, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 1, p + 1, s11, g, src, starts[p + 1], image_stride, run, accumulate)
-            _finish(out, i + 1, p + 2, s12, g, src, starts[p + 2], image_stride, run, accumulate)
-            _finish(out, i + 2, p, s20, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 2, p + 1, s21, g, src, starts[p + 1], image_stride, run, accumulate)
-            _finish(out, i + 2, p + 2, s22, g, src, starts[p + 2], image_stride, run, accumulate)
-            _finish(out, i + 3, p, s30, g, src, starts[p], image_stride, run, accumulate)
-            _finish(out, i + 3, p + 1, s31, g, src, starts[p + 1], image_stride, run, accumulate)
-            _finish(out, i + 3, p + 2, s32, g, src, starts[p + 2], image_stride, run, accumulate)
+def _gathered_t(b, src, bases, offs, out, accumulate):
+    """out (K, N) (+)= X^T @ b, X as in _gathered; N % 16 == 0, K >= 6."""
+    pixels, depth, n = len(bases), len(offs), b.shape[1]
+    _inside(src, bases, offs)
+    for nb in range(0, n, COLS):
+        for k0 in range(0, depth, ROWS):
+            k = min(k0, depth - ROWS)           # the last block may overlap: only new rows stored
+            o0, o1, o2 = offs[k], offs[k + 1], offs[k + 2]
+            o3, o4, o5 = offs[k + 3], offs[k + 4], offs[k + 5]
+            c00, c01 = _start(out, k, nb, accumulate)
+            c10, c11 = _start(out, k + 1, nb, accumulate)
+            c20, c21 = _start(out, k + 2, nb, accumulate)
+            c30, c31 = _start(out, k + 3, nb, accumulate)
+            c40, c41 = _start(out, k + 4, nb, accumulate)
+            c50, c51 = _start(out, k + 5, nb, accumulate)
+            for p in range(pixels):
+                q = bases[p]
+                g0, g1 = vload(b, p, nb), vload(b, p, nb + 8)
+                x = vbroadcast(src, 0, q + o0)
+                c00, c01 = vfma(x, g0, c00), vfma(x, g1, c01)
+                x = vbroadcast(src, 0, q + o1)
+                c10, c11 = vfma(x, g0, c10), vfma(x, g1, c11)
+                x = vbroadcast(src, 0, q + o2)
+                c20, c21 = vfma(x, g0, c20), vfma(x, g1, c21)
+                x = vbroadcast(src, 0, q + o3)
+                c30, c31 = vfma(x, g0, c30), vfma(x, g1, c31)
+                x = vbroadcast(src, 0, q + o4)
+                c40, c41 = vfma(x, g0, c40), vfma(x, g1, c41)
+                x = vbroadcast(src, 0, q + o5)
+                c50, c51 = vfma(x, g0, c50), vfma(x, g1, c51)
+            _put(out, k, nb, c00, c01, k >= k0)
+            _put(out, k + 1, nb, c10, c11, k + 1 >= k0)
+            _put(out, k + 2, nb, c20, c21, k + 2 >= k0)
+            _put(out, k + 3, nb, c30, c31, k + 3 >= k0)
+            _put(out, k + 4, nb, c40, c41, k + 4 >= k0)
+            _put(out, k + 5, nb, c50, c51, k + 5 >= k0)

@@ -21,13 +21,17 @@ SHAPES = [
     (1, 2, 6, 6, 3, 1, 1, 0),
     (2, 2, 6, 5, 3, 3, 3, 2),
     (2, 2, 4, 4, 3, 5, 1, 4),
-    # output channels a multiple of 4, stride 1: the gathered path (kernels/cpu_gemm.py), except
-    # the last (5x5 images: 35-column runs, too short) and the stride-2 one
-    (2, 4, 6, 7, 8, 3, 1, 1),
-    (2, 4, 12, 12, 8, 5, 1, 2),         # C*K*K = 100: a weight-gradient column left over
-    (2, 3, 8, 8, 4, 3, 1, 1),           # C = 3: gathered forward, backward on columns
-    (2, 4, 9, 9, 12, 3, 2, 1),
-    (3, 2, 5, 5, 4, 5, 1, 2),
+    # float32 with output channels a multiple of 16 and stride 1: the gathered path
+    # (kernels/cpu_gemm.py), both gradients when C is a multiple of 16 too
+    (2, 16, 6, 7, 16, 3, 1, 1),         # 42 pixels an image
+    (2, 16, 5, 5, 32, 5, 1, 2),         # 25 pixels: a ragged last block of six
+    (3, 1, 8, 8, 16, 5, 1, 2),          # C*K*K = 25 taps: ragged; input gradient on columns
+    (2, 3, 7, 7, 16, 3, 1, 1),          # C = 3: gathered forward, backward on columns
+    (2, 16, 7, 7, 16, 3, 1, 0),         # pad 0: the transposed convolution pads by 2
+    (2, 16, 2, 3, 16, 3, 1, 1),         # six pixels an image, exactly one block
+    # not gathered: stride 2, four pixels an image (less than a block)
+    (2, 16, 9, 9, 16, 3, 2, 1),
+    (2, 16, 2, 2, 16, 3, 1, 1),
 ]
 
 
@@ -66,17 +70,17 @@ def test_both_layouts_are_covered():
 @pytest.mark.parametrize("group", [1, 2, None])
 def test_forward_backward_against_reference(shape, relu, dtype, group, monkeypatch):
     n, c, h, w, oc, ks, stride, pad = shape
+    oh, ow = (h + 2 * pad - ks) // stride + 1, (w + 2 * pad - ks) // stride + 1
     if group is not None:       # images per GEMM: one, two (a smaller last group), else all
         run = cpu_conv._columns(h, w, ks, ks, stride, pad)[1]
         itemsize = np.dtype(dtype).itemsize
         monkeypatch.setattr(cpu_conv, "COLS_BYTES", group * c * ks * ks * run * itemsize)
-        monkeypatch.setattr(cpu_conv, "GATHER_BYTES",
-                            group * c * cpu_conv._wide_dims(h, w, ks, pad)[1] * itemsize)
+        pixels = (c * cpu_conv._wide_dims(h, w, ks, pad)[1] + oh * ow * oc) * itemsize
+        monkeypatch.setattr(cpu_conv, "GATHER_BYTES", group * pixels)
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((oc, c, ks, ks)).astype(dtype)
     b = rng.standard_normal(oc).astype(dtype)
-    oh, ow = (h + 2 * pad - ks) // stride + 1, (w + 2 * pad - ks) // stride + 1
     grad_y = rng.standard_normal((n, oc, oh, ow)).astype(dtype)
     want_y, want_dw, want_db, want_dx = reference(x, wt, b, stride, pad, relu, grad_y)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
@@ -136,7 +140,7 @@ def test_conv2d_layer_same_as_contract_path(bias):
     assert layers[0].backward(grad_y, need_input_grad=False) is None
 
 
-@pytest.mark.parametrize("c,oc", [(3, 5), (4, 8)])       # columns + BLAS; gathered
+@pytest.mark.parametrize("c,oc", [(3, 5), (16, 16)])     # columns + BLAS; gathered
 def test_threads_have_their_own_scratch(c, oc):
     """Two threads convolving at once (the kernels release the GIL) get the serial results."""
     import threading
