@@ -44,9 +44,10 @@ from mpitrain.kernels.simd import vtranspose8
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
 COLS_BYTES = 512 * 1024
 # Bytes of a group on the gathered path: its padded images and its output (or gradient) as
-# pixels x channels; two 16-channel 28x28 images, eight 64-channel 7x7 ones. The time is within
-# 10% from 1 to 8 images a group, but not at 64: the first layer's pixels (6 MB) leave the cache.
-GATHER_BYTES = 256 * 1024
+# pixels x channels; four 16-channel 28x28 images, sixteen 64-channel 7x7 ones. ResNet-20's step
+# 217.7 / 212.1 / 211.3 ms at 256 KiB / 512 KiB / 1 MiB, LeNet's 81.1 / 80.4 / 85.3; at 64 images
+# the first layer's pixels (6 MB) leave the cache.
+GATHER_BYTES = 512 * 1024
 
 # Scratch per thread: two models may train in two threads (the kernels release the GIL).
 _local = threading.local()
@@ -230,25 +231,30 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
 
 # Gathered: no columns. X[p, k], the im2col matrix with output pixels as rows, is the element
 # xp[pixels[p] + taps[k]] of the padded images (wide layout above; pixels[p] = image*C*CH +
-# i*RS + j for output pixel (i, j), taps[k] = c*CH + ki*RS + kj), so cpu_gemm reads it there:
+# i*S*RS + j*S for output pixel (i, j) at stride S, taps[k] = c*CH + ki*RS + kj), so cpu_gemm
+# reads it there:
 #     forward      y (P, OC)    = X @ W^T                      then transposed into NCHW + bias (+ ReLU)
 #     backward     g (P, OC)    = grad_y * (y > 0), pixel-major
 #                  dW^T (CKK, OC) += X^T @ g
-#                  dx (H*W, C)  = the transposed convolution: a stride-1 convolution of g
-#                                 zero-padded by K-1-pad ("gradient planes", written by the
-#                                 ReLU mask) with W flipped and transposed, gathered the same way
-# It needs a square kernel with pad < K and, for the input gradient, C a multiple of 16 (else the
-# backward runs the column path; the first layer, C = 1 or 3, needs no input gradient).
+#                  dx           = the transposed convolution, as S*S gathers ("phases"): dx's
+#                                 pixels (S*u + a, S*v + b) of phase (a, b) sum W[o, c, ki, kj] *
+#                                 g[o, u + di, v + dj] over o and the taps with a + pad - ki =
+#                                 S*di (and b + pad - kj = S*dj), read from g zero-padded
+#                                 ("gradient planes", written by the ReLU mask); at stride 1 one
+#                                 phase, a stride-1 convolution of g with W flipped
+# It needs a square kernel with pad < K and, for the input gradient, C a multiple of 16 and six
+# pixels a phase (else the backward runs the column path; the first layer, C = 1 or 3, needs no
+# input gradient).
 
-def _windows(chans, h, w, k, pad, images):
-    """The gathered operands of a stride-1 convolution of ``images`` padded (chans, h, w) images
-    in the wide layout: (pixels (images*OH*OW,), taps (chans*K*K,), RS, CH)."""
+def _windows(chans, h, w, k, pad, stride, images):
+    """The gathered operands of a convolution of ``images`` padded (chans, h, w) images in the
+    wide layout: (pixels (images*OH*OW,), taps (chans*K*K,))."""
     rs, ch = _wide_dims(h, w, k, pad)
-    oh, ow = _out_size(h, k, 1, pad), _out_size(w, k, 1, pad)
-    pixels = (np.arange(images)[:, None, None] * chans * ch + np.arange(oh)[:, None] * rs
-              + np.arange(ow))
+    oh, ow = _out_size(h, k, stride, pad), _out_size(w, k, stride, pad)
+    pixels = (np.arange(images)[:, None, None] * chans * ch
+              + np.arange(oh)[:, None] * (stride * rs) + np.arange(ow) * stride)
     taps = np.arange(chans)[:, None, None] * ch + np.arange(k)[:, None] * rs + np.arange(k)
-    return pixels.reshape(-1).astype(np.intp), taps.reshape(-1).astype(np.intp), rs, ch
+    return pixels.reshape(-1).astype(np.intp), taps.reshape(-1).astype(np.intp)
 
 
 @njit(cache=True, nogil=True)
@@ -362,29 +368,59 @@ class _Plan:
     def __init__(self, x, weight, stride, pad):
         self.n, self.c, self.h, self.w = x.shape
         self.oc, _, self.kh, self.kw = weight.shape
-        self.stride, self.pad, self.dtype = stride, pad, x.dtype
+        self.stride, self.pad, self.dtype, self.weight = stride, pad, x.dtype, weight
         self.oh, self.ow = _out_size(self.h, self.kh, stride, pad), _out_size(self.w, self.kw,
                                                                                stride, pad)
         self.ckk = self.c * self.kh * self.kw
-        # Gathered (see above): float32, output channels a multiple of 16, stride 1, a square
-        # kernel with pad < K, at least one six-row block of taps and of pixels; the input
-        # gradient too when the input channels are a multiple of 16.
-        self.gathered = (stride == 1 and self.kh == self.kw and pad < self.kh
-                         and cpu_gemm.covers(self.oc, x.dtype)
+        # Gathered (see above): float32, output channels a multiple of 16, a square kernel with
+        # pad < K, at least one six-row block of taps and of pixels.
+        self.gathered = (self.kh == self.kw and pad < self.kh and cpu_gemm.covers(self.oc, x.dtype)
                          and min(self.ckk, self.oh * self.ow) >= cpu_gemm.ROWS)
-        self.gathered_input_grad = cpu_gemm.covers(self.c, x.dtype)
-        self.wide = self.gathered or _use_wide(self.w, self.kw, stride, pad)
+        self.wide = _use_wide(self.w, self.kw, stride, pad)  # the column path's layout
         self.rs, self.ch = _wide_dims(self.h, self.w, self.kh, pad)
-        if not self.wide:
-            self.rs = self.ow
-        self.run = self.oh * self.rs
+        self.row = self.rs if self.wide else self.ow         # GEMM columns per output row
+        self.run = self.oh * self.row
         if self.gathered:       # as many images as fit in GATHER_BYTES: padded, and as pixels
             image = (self.c * self.ch + self.oh * self.ow * self.oc) * x.dtype.itemsize
             self.group = max(1, min(self.n, GATHER_BYTES // image))
         else:
             self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
-        if self.wide:
+        if self.wide or self.gathered:
             self.xp = self.padded("xp", self.c, self.h, self.w, pad)
+
+    def phases(self):
+        """The input gradient's gathers (see "Gathered"), or None where they do not cover it:
+        (q, [(a, b, pixels, taps, w_phase (taps, C))]), the gradient planes padded by q."""
+        s, k = self.stride, self.kh
+        if not cpu_gemm.covers(self.c, self.dtype):
+            return None
+        steps = [[(ki, (a + self.pad - ki) // s) for ki in range(k)
+                  if (a + self.pad - ki) % s == 0] for a in range(s)]
+        sizes = [(-(-(self.h - a) // s), -(-(self.w - a) // s)) for a in range(s)]
+        if min(hu * wv for hu, _ in sizes for _, wv in sizes) < cpu_gemm.ROWS:
+            return None
+        # padding that keeps every g[u + di, v + dj] read inside the planes (zeros outside g)
+        q = max([0] + [max(-d, hu - 1 + d - (self.oh - 1), wv - 1 + d - (self.ow - 1))
+                       for a in range(s) for _, d in steps[a] for hu, wv in [sizes[a]]])
+        rs, ch = _wide_dims(self.oh, self.ow, k, q)
+        phases = []
+        for a in range(s):
+            for b in range(s):
+                if not (steps[a] and steps[b]):
+                    phases.append((a, b, None, None, None))     # no tap reaches these pixels
+                    continue
+                (ki, di), (kj, dj) = zip(*steps[a]), zip(*steps[b])
+                hu, wv = sizes[a][0], sizes[b][1]
+                pixels = (np.arange(self.group)[:, None, None] * self.oc * ch
+                          + (np.arange(hu)[:, None] + q) * rs + np.arange(wv) + q)
+                taps = (np.arange(self.oc)[:, None, None] * ch + np.array(di)[:, None] * rs
+                        + np.array(dj))
+                w_phase = self.weight[:, :, list(ki)][:, :, :, list(kj)]   # (OC, C, |ki|, |kj|)
+                phases.append((a, b, pixels.reshape(-1).astype(np.intp),
+                               taps.reshape(-1).astype(np.intp),
+                               np.ascontiguousarray(w_phase.transpose(0, 2, 3, 1))
+                               .reshape((-1, self.c))))
+        return q, phases
 
     def padded(self, tag, chans, h, w, pad):
         """A group's zero-padded (chans, h, w) images, flat in the wide layout; zeros stay where no
@@ -443,7 +479,7 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
     if p.gathered:
         w_t = np.ascontiguousarray(w2d.T)                    # (CKK, OC)
-        pixels, taps = _windows(p.c, p.h, p.w, p.kh, pad, p.group)[:2]
+        pixels, taps = _windows(p.c, p.h, p.w, p.kh, pad, stride, p.group)
         y_pix = _matrix("y_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
@@ -457,7 +493,7 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         p.im2col(xg, cols)
         np.matmul(w2d, cols, out=y_cols)
-        _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.rs)
+        _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.row)
 
 
 def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumulate_weight,
@@ -465,9 +501,10 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     """Gradients of conv2d_forward: grad_weight (=|+=), grad_bias (+=, or None: no bias),
     grad_x overwritten (or None: not wanted). ``y`` is the forward output (the ReLU mask)."""
     p = _Plan(x, weight, stride, pad)
-    if p.gathered and (grad_x is None or p.gathered_input_grad):
-        _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_weight,
-                           grad_bias, grad_x)
+    phases = p.phases() if p.gathered and grad_x is not None else None
+    if p.gathered and (grad_x is None or phases is not None):
+        _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias,
+                           grad_x, phases)
         return
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK)
     dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
@@ -477,7 +514,7 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         g = p.cols("g_cols", p.oc, xg.shape[0])              # (OC, G*R)
-        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, relu, p.rs)
+        _grad_cols(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], g, relu, p.row)
         if grad_bias is not None:                            # junk columns add zeros
             np.add(grad_bias, g.sum(axis=1), out=grad_bias)
         p.im2col(xg, cols)
@@ -489,34 +526,42 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)
 
 
-def _backward_gathered(p, x, weight, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias,
-                       grad_x):
-    """conv2d_backward without columns (see "Gathered" above)."""
-    pixels, taps = _windows(p.c, p.h, p.w, p.kh, p.pad, p.group)[:2]
+def _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias, grad_x,
+                       phases):
+    """conv2d_backward without columns (see "Gathered" above); ``phases`` = p.phases(), or None
+    without an input gradient."""
+    pixels, taps = _windows(p.c, p.h, p.w, p.kh, p.pad, p.stride, p.group)
     dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
-    q = p.kh - 1 - p.pad                                     # the transposed convolution's pad
-    planes = p.padded("grad_planes", p.oc, p.oh, p.ow, q) if grad_x is not None else dw_t[0]
+    g_pix = _matrix("g_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
+    planes, q = dw_t[0], 0                                   # (unused without grad_x)
     if grad_x is not None:
-        dx_pixels, dx_taps, grs, gch = _windows(p.oc, p.oh, p.ow, p.kh, q, p.group)
-        # W flipped and transposed: row (o, ki, kj), column c = W[o, c, K-1-ki, K-1-kj]
-        w_flip = np.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(0, 2, 3, 1)
-                                      .reshape((-1, p.c)))
-        dx = _matrix("dx_pixels", len(dx_pixels), p.c, x.dtype)   # (G*H*W, C)
-    else:
-        grs = gch = 0
-    g_pix = _matrix("g_pixels", len(pixels), p.oc, x.dtype)   # (G*OH*OW, OC)
+        q, phases = phases
+        planes = p.padded("grad_planes", p.oc, p.oh, p.ow, q)
+        dx = _matrix("dx_pixels", p.group * p.h * p.w, p.c, x.dtype)
+    grs, gch = _wide_dims(p.oh, p.ow, p.kh, q)
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        rows = xg.shape[0] * p.oh * p.ow
-        g = g_pix[:rows]
+        images = xg.shape[0]
+        g = g_pix[:images * p.oh * p.ow]
         _mask_pixels(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], relu, g, planes,
                      grad_x is not None, q, grs, gch)
         if grad_bias is not None:
             np.add(grad_bias, g.sum(axis=0), out=grad_bias)
         _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
-        cpu_gemm.gathered_t(g, p.xp, pixels[:rows], taps, dw_t, n0 > 0)
-        if grad_x is not None:
-            dx_rows = xg.shape[0] * p.h * p.w
-            cpu_gemm.gathered(w_flip, planes, dx_pixels[:dx_rows], dx_taps, dx[:dx_rows])
-            _store_pixels(dx, grad_x[n0:n0 + p.group], dx[0], False, False)
+        cpu_gemm.gathered_t(g, p.xp, pixels[:len(g)], taps, dw_t, n0 > 0)
+        if grad_x is None:
+            continue
+        for a, b, dx_pixels, dx_taps, w_phase in phases:
+            dst = grad_x[n0:n0 + p.group, :, a::p.stride, b::p.stride]   # (G, C, HU, WV)
+            if dx_pixels is None:
+                dst[...] = 0
+                continue
+            rows = images * dst.shape[2] * dst.shape[3]
+            cpu_gemm.gathered(w_phase, planes, dx_pixels[:rows], dx_taps, dx[:rows])
+            if p.stride == 1:
+                _store_pixels(dx, dst, dx[0], False, False)
+            else:                        # through a contiguous copy: _store_pixels' layout
+                phase = _matrix("dx_phase", 1, dst.size, x.dtype).reshape(dst.shape)
+                _store_pixels(dx, phase, dx[0], False, False)
+                dst[...] = phase
     _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)

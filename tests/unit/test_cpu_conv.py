@@ -29,9 +29,12 @@ SHAPES = [
     (2, 3, 7, 7, 16, 3, 1, 1),          # C = 3: gathered forward, backward on columns
     (2, 16, 7, 7, 16, 3, 1, 0),         # pad 0: the transposed convolution pads by 2
     (2, 16, 2, 3, 16, 3, 1, 1),         # six pixels an image, exactly one block
-    # not gathered: stride 2, four pixels an image (less than a block)
-    (2, 16, 9, 9, 16, 3, 2, 1),
-    (2, 16, 2, 2, 16, 3, 1, 1),
+    (2, 16, 9, 9, 16, 3, 2, 1),         # stride 2: the input gradient in four phases
+    (2, 16, 8, 7, 16, 3, 2, 1),         # even and odd sizes: phases of 4x4, 4x3, ...
+    (2, 16, 7, 7, 32, 1, 2, 0),         # 1x1 at stride 2: three phases no tap reaches
+    (2, 16, 10, 10, 16, 3, 3, 1),       # stride 3: one tap per phase and dimension
+    (2, 16, 4, 4, 16, 3, 2, 1),         # phases of four pixels: input gradient on columns
+    (2, 16, 2, 2, 16, 3, 1, 1),         # four pixels an image (less than a block): columns
 ]
 
 

@@ -127,7 +127,7 @@ def test_operands_outside_the_source_are_refused():
     (16, 3, 8, 1, ["_gathered", "_gathered_t"]),    # C = 3: the input gradient needs BLAS
     (64, 64, 7, 1, ["_gathered", "_gathered_t"]),   # ResNet's 7x7 stage: no junk columns
     (24, 16, 8, 1, []),                             # 24 output channels: BLAS on columns
-    (16, 16, 8, 2, []),                             # stride 2: BLAS on columns
+    (16, 16, 8, 2, ["_gathered", "_gathered_t"]),   # stride 2: four input-gradient phases
 ])
 def test_which_convolutions_take_the_kernels(oc, c, size, stride, expected, kernel_calls):
     rng = np.random.default_rng(2)
@@ -140,5 +140,7 @@ def test_which_convolutions_take_the_kernels(oc, c, size, stride, expected, kern
     kernel_calls.clear()
     cpu_conv.conv2d_backward(x, w, y, y, stride, 1, False, np.empty_like(w), False, None,
                              np.empty_like(x))
-    # with the input gradient: one group of two images; C = 3 sends the whole backward to BLAS
-    assert kernel_calls == (["_gathered_t", "_gathered"] if expected and c % 16 == 0 else [])
+    # with the input gradient: one group of two images, a gather per phase; C = 3 sends the
+    # whole backward to BLAS
+    phases = ["_gathered"] * stride ** 2
+    assert kernel_calls == (["_gathered_t"] + phases if expected and c % 16 == 0 else [])
