@@ -259,8 +259,8 @@ def _windows(chans, h, w, k, pad, stride, images):
 
 @njit(cache=True, nogil=True)
 def _store_pixels(out, y, bias, use_bias, relu):
-    """y (G, N, OH, OW) = out (G*OH*OW, N) transposed, + bias, then ReLU; N % 8 == 0, y's images
-    contiguous."""
+    """y (G, N, OH, OW) = out (G*OH*OW, N) transposed, + bias, then ReLU; N % 8 == 0, y
+    C-contiguous."""
     groups, chans, oh, ow = y.shape
     pixels = oh * ow
     for g in range(groups):
@@ -278,6 +278,17 @@ def _store_pixels(out, y, bias, use_bias, relu):
                 for p in range(pixels):
                     v = plane[p] + b
                     plane[p] = 0 if relu and v < 0 else v
+
+
+def _store(out, y, bias, relu):
+    """_store_pixels into y (G, N, OH, OW) of any strides (a phase of dx, a caller's view)."""
+    b = bias if bias is not None else out[0]                 # any array of the dtype: unused
+    if y.flags.c_contiguous:
+        _store_pixels(out, y, b, bias is not None, relu)
+        return
+    dense = _matrix("dense", 1, y.size, y.dtype).reshape(y.shape)
+    _store_pixels(out, dense, b, bias is not None, relu)
+    y[...] = dense
 
 
 @njit(cache=True, nogil=True)
@@ -487,7 +498,7 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
             rows = xg.shape[0] * p.oh * p.ow
             _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
             cpu_gemm.gathered(w_t, p.xp, pixels[:rows], taps, y_pix[:rows])
-            _store_pixels(y_pix, y[n0:n0 + p.group], b, use_bias, relu)
+            _store(y_pix, y[n0:n0 + p.group], bias, relu)
             continue
         y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
@@ -558,10 +569,5 @@ def _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, gr
                 continue
             rows = images * dst.shape[2] * dst.shape[3]
             cpu_gemm.gathered(w_phase, planes, dx_pixels[:rows], dx_taps, dx[:rows])
-            if p.stride == 1:
-                _store_pixels(dx, dst, dx[0], False, False)
-            else:                        # through a contiguous copy: _store_pixels' layout
-                phase = _matrix("dx_phase", 1, dst.size, x.dtype).reshape(dst.shape)
-                _store_pixels(dx, phase, dx[0], False, False)
-                dst[...] = phase
+            _store(dx, dst, None, False)
     _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)

@@ -174,3 +174,24 @@ def test_threads_have_their_own_scratch(c, oc):
     for t in threads:
         t.join()
     assert failures == []
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_outputs_may_be_views(stride):
+    """y and grad_x given as strided views (every other column of a bigger array) get the values a
+    contiguous array gets, and nothing around them is written."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    out = (8 + 2 - 3) // stride + 1
+    y = np.empty((3, 16, out, out), np.float32)
+    k.conv2d_forward(x, w, None, y, stride, 1, True)
+    dx = np.empty_like(x)
+    k.conv2d_backward(x, w, y, y, stride, 1, True, np.empty_like(w), False, None, dx)
+    y_big, dx_big = np.full((3, 16, out, 2 * out), 7, np.float32), np.full((3, 16, 8, 16), 7,
+                                                                           np.float32)
+    k.conv2d_forward(x, w, None, y_big[..., ::2], stride, 1, True)
+    k.conv2d_backward(x, w, y, y, stride, 1, True, np.empty_like(w), False, None,
+                      dx_big[..., ::2])
+    assert np.array_equal(y_big[..., ::2], y) and np.all(y_big[..., 1::2] == 7)
+    assert np.array_equal(dx_big[..., ::2], dx) and np.all(dx_big[..., 1::2] == 7)
