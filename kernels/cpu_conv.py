@@ -22,12 +22,13 @@ orientations below produce channel-major output, so no layout transposes are nee
 The weight gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch array
 (OpenBLAS's faster orientation), transposed into the caller's gradient once per call.
 
-Stride-1 float32 layers whose output channels are a multiple of 16 (every convolution of
-ResNet-20, LeNet and cifar_cnn) take the "gathered" path instead (below): kernels/cpu_gemm.py's
-register-blocked kernels read the padded image in place, pixels as rows, so neither im2col nor
-col2im runs and no padding column is computed; forward + backward at batch 64, one thread: a
-16-channel 28x28 layer 11.2 -> 10.2 ms, 32-channel 14x14 11.4 -> 9.0, 64-channel 7x7
-13.3 -> 9.1 (docs/benchmarks.md).
+Float32 layers whose output channels are a multiple of 16 (every convolution of ResNet-20, LeNet
+and cifar_cnn, the strided ones too) take the "gathered" path instead (below): kernels/cpu_gemm.py's
+register-blocked kernels read the padded image in place, output pixels as rows, so neither
+im2col nor col2im runs and no padding column is computed. Forward + backward at batch 64, one
+thread, against the previous (column-run) gathered kernels in the same run: ResNet's 64-channel
+7x7 layer 13.2 -> 10.9 ms, its stride-2 layers 14.7 -> 8.5 and 11.1 -> 7.9, LeNet's conv2
+58.0 -> 53.9 (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy).
@@ -233,7 +234,7 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
 # xp[pixels[p] + taps[k]] of the padded images (wide layout above; pixels[p] = image*C*CH +
 # i*S*RS + j*S for output pixel (i, j) at stride S, taps[k] = c*CH + ki*RS + kj), so cpu_gemm
 # reads it there:
-#     forward      y (P, OC)    = X @ W^T                      then transposed into NCHW + bias (+ ReLU)
+#     forward      y (P, OC)    = X @ W^T           then transposed into NCHW + bias (+ ReLU)
 #     backward     g (P, OC)    = grad_y * (y > 0), pixel-major
 #                  dW^T (CKK, OC) += X^T @ g
 #                  dx           = the transposed convolution, as S*S gathers ("phases"): dx's

@@ -15,9 +15,10 @@ Both keep a 6 x 16 block of the output in 12 AVX2 registers (kernels/simd.py) fo
 contraction: per step six X values broadcast from memory, one 16-wide row of the other
 operand, 12 fused multiply-adds (the classic AVX2 SGEMM micro-kernel's shape). Six rows of X
 are six pixels (or six taps), so nothing is computed for padding columns and a 7x7 image wastes
-nothing. They run at 85-95 GFLOP/s where OpenBLAS on im2col columns runs the same ResNet-20
-products at 55-79 (docs/benchmarks.md). The last six-row block of a ragged P (or K) overlaps the
-one before: ``gathered`` rewrites the same values, ``gathered_t`` stores only its new rows.
+nothing. In place in ResNet-20's layers they run at 81-95 GFLOP/s (a 1024^3 OpenBLAS sgemm:
+88-92), where OpenBLAS ran these skinny products on im2col columns at 55-79
+(docs/benchmarks.md). The last six-row block of a ragged P (or K) overlaps the one before:
+``gathered`` rewrites the same values, ``gathered_t`` stores only its new rows.
 
 Each output element is one chain of fused multiply-adds in k (or p) order, continued from the
 old value when accumulating: deterministic, rounded differently from BLAS within float32

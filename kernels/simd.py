@@ -7,7 +7,7 @@ stack or stays scalar. ``F32x8`` is an LLVM ``<8 x float>`` SSA value; the funct
 Numba intrinsics that load, store, broadcast and fuse-multiply-add it, so such a kernel keeps its
 accumulators in ymm registers (AVX2; LLVM splits the type on narrower hardware, still correct);
 ``vtranspose8`` moves an 8 x 8 block between a pixel-major and a channel-major matrix in
-registers (12 shuffles, 4x faster than the scalar loop).
+registers (24 shuffles; 2-4x faster than the scalar loop).
 
 Memory accesses are unaligned and unchecked: no bounds check and no negative-index wraparound
 (whose extra instructions per load would also spill the block). The caller keeps
