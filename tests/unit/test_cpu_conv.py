@@ -21,8 +21,8 @@ SHAPES = [
     (1, 2, 6, 6, 3, 1, 1, 0),
     (2, 2, 6, 5, 3, 3, 3, 2),
     (2, 2, 4, 4, 3, 5, 1, 4),
-    # float32 with output channels a multiple of 16 and stride 1: the gathered path
-    # (kernels/cpu_gemm.py), both gradients when C is a multiple of 16 too
+    # float32 with output channels a multiple of 16: the gathered path (kernels/cpu_gemm.py), the
+    # input gradient too when C is a multiple of 16 and every phase has six pixels
     (2, 16, 6, 7, 16, 3, 1, 1),         # 42 pixels an image
     (2, 16, 5, 5, 32, 5, 1, 2),         # 25 pixels: a ragged last block of six
     (3, 1, 8, 8, 16, 5, 1, 2),          # C*K*K = 25 taps: ragged; input gradient on columns
