@@ -14,7 +14,8 @@ are compared under the same load. ``--rss`` runs each model's training steps onc
 process (ours, then PyTorch's with --torch) and reports its peak resident set size.
 
 Threads (default 1, the one-thread-per-rank setting) are fixed before NumPy loads, through the
-OpenBLAS/OpenMP/MKL environment variables, and for Numba through ``numba.set_num_threads``.
+OpenBLAS/OpenMP/MKL environment variables, then given out as the trainer gives them
+(``mpitrain.threads.configure``: BLAS and the convolution's gathered path n, Numba one).
 """
 import argparse
 import json
@@ -236,11 +237,10 @@ def rss_child(args):
         step = torch_step(name, args.batch, args.threads, args.device)[0]
     else:
         import numpy as np
-        import numba
 
         import mpitrain as mt
-        from mpitrain import kernels as registry
-        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        from mpitrain import kernels as registry, threads
+        threads.configure(args.threads)
         k = registry.get(args.device, args.kernels)
         rng = np.random.default_rng(0)
         model = mt.models.get(name, seed=0, dtype=np.dtype(args.dtype), kernels=k,
@@ -290,12 +290,11 @@ def main(argv=None):
         print(f"step: error: {error}", file=sys.stderr)
         sys.exit(2)
     import numpy as np
-    import numba
 
     import mpitrain as mt
-    from mpitrain import kernels as registry
+    from mpitrain import kernels as registry, threads
 
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    threads.configure(args.threads)
     k = registry.get(args.device, args.kernels)
     dtype = np.dtype(args.dtype)
     rng = np.random.default_rng(0)

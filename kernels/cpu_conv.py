@@ -31,8 +31,10 @@ thread, against the previous (column-run) gathered kernels in the same run: ResN
 58.0 -> 53.9 (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
-groups runs in Python (BLAS cannot be called from an njit function without SciPy).
+groups runs in Python (BLAS cannot be called from an njit function without SciPy), on THREADS
+threads on the gathered path (below).
 """
+import concurrent.futures
 import threading
 
 import numpy as np
@@ -52,6 +54,44 @@ GATHER_BYTES = 512 * 1024
 
 # Scratch per thread: two models may train in two threads (the kernels release the GIL).
 _local = threading.local()
+
+# Threads the gathered path splits a batch over (whole groups each; BLAS is idle meanwhile):
+# mpitrain.threads.configure sets it to the rank's thread budget. The weight gradient is summed
+# over them in thread order, so results depend on it (bitwise), not on scheduling.
+THREADS = 1
+_pool = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def _ranges(n, group):
+    """[(lo, hi)]: images 0:n in contiguous ranges of whole groups, one per thread."""
+    groups = -(-n // group)
+    threads = max(1, min(THREADS, groups))
+    cuts = [min(n, groups * t // threads * group) for t in range(threads + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _in_parallel(work, ranges):
+    """work(lo, hi, t) for each range t, range 0 on this thread; waits for all, then raises the
+    first error."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool_size < len(ranges) - 1:
+            _pool_size = len(ranges) - 1
+            _pool = concurrent.futures.ThreadPoolExecutor(_pool_size, "mpitrain-conv")
+        futures = [_pool.submit(work, lo, hi, t) for t, (lo, hi) in enumerate(ranges) if t]
+    errors = []
+    try:
+        work(*ranges[0], 0)
+    except BaseException as e:          # the other ranges still finish before it is raised
+        errors.append(e)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            errors.append(error)
+    if errors:
+        raise errors[0]
 
 
 def _scratch():
@@ -397,7 +437,7 @@ class _Plan:
             self.group = max(1, min(self.n, GATHER_BYTES // image))
         else:
             self.group = _group(self.n, self.ckk, self.run, x.dtype.itemsize)
-        if self.wide or self.gathered:
+        if self.wide:                                        # (the gathered path's: per thread)
             self.xp = self.padded("xp", self.c, self.h, self.w, pad)
 
     def phases(self):
@@ -491,21 +531,30 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
     if p.gathered:
         w_t = np.ascontiguousarray(w2d.T)                    # (CKK, OC)
-        pixels, taps = _windows(p.c, p.h, p.w, p.kh, pad, stride, p.group)
-        y_pix = _matrix("y_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
+        _in_parallel(lambda lo, hi, t: _forward_gathered(p, x, w_t, bias, y, relu, lo, hi),
+                     _ranges(p.n, p.group))
+        return
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        if p.gathered:
-            rows = xg.shape[0] * p.oh * p.ow
-            _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
-            cpu_gemm.gathered(w_t, p.xp, pixels[:rows], taps, y_pix[:rows])
-            _store(y_pix, y[n0:n0 + p.group], bias, relu)
-            continue
         y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
         cols = p.cols("cols", p.ckk, xg.shape[0])            # (CKK, G*R)
         p.im2col(xg, cols)
         np.matmul(w2d, cols, out=y_cols)
         _crop_bias_act(y_cols, y[n0:n0 + p.group], b, use_bias, relu, p.row)
+
+
+def _forward_gathered(p, x, w_t, bias, y, relu, lo, hi):
+    """conv2d_forward of images lo:hi without columns (see "Gathered" above), on this thread's
+    scratch."""
+    pixels, taps = _windows(p.c, p.h, p.w, p.kh, p.pad, p.stride, p.group)
+    xp = p.padded("xp", p.c, p.h, p.w, p.pad)
+    y_pix = _matrix("y_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
+    for n0 in range(lo, hi, p.group):
+        xg = x[n0:min(hi, n0 + p.group)]                     # (G, C, H, W)
+        rows = xg.shape[0] * p.oh * p.ow
+        _pad_images(xg, xp, p.pad, p.rs, p.ch)
+        cpu_gemm.gathered(w_t, xp, pixels[:rows], taps, y_pix[:rows])
+        _store(y_pix, y[n0:n0 + xg.shape[0]], bias, relu)
 
 
 def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumulate_weight,
@@ -515,8 +564,18 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     p = _Plan(x, weight, stride, pad)
     phases = p.phases() if p.gathered and grad_x is not None else None
     if p.gathered and (grad_x is None or phases is not None):
-        _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias,
-                           grad_x, phases)
+        # one weight (and bias) gradient per thread, added in thread order
+        ranges = _ranges(p.n, p.group)
+        dw_parts = _matrix("dw_parts", len(ranges) * p.ckk, p.oc, x.dtype)
+        db_parts = np.zeros((len(ranges), p.oc), x.dtype)
+        _in_parallel(lambda lo, hi, t: _backward_gathered(
+            p, x, y, grad_y, relu, dw_parts[t * p.ckk:(t + 1) * p.ckk],
+            db_parts[t] if grad_bias is not None else None, grad_x, phases, lo, hi), ranges)
+        for t in range(1, len(ranges)):
+            dw_parts[:p.ckk] += dw_parts[t * p.ckk:(t + 1) * p.ckk]
+        if grad_bias is not None:
+            np.add(grad_bias, db_parts.sum(axis=0), out=grad_bias)
+        _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_parts[:p.ckk], accumulate_weight)
         return
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK)
     dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
@@ -538,12 +597,13 @@ def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumu
     _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)
 
 
-def _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, grad_bias, grad_x,
-                       phases):
-    """conv2d_backward without columns (see "Gathered" above); ``phases`` = p.phases(), or None
-    without an input gradient."""
+def _backward_gathered(p, x, y, grad_y, relu, dw_t, db, grad_x, phases, lo, hi):
+    """The gradients of images lo:hi without columns (see "Gathered" above), on this thread's
+    scratch: dw_t (CKK, OC) overwritten with their weight gradient, db (OC,) (if not None)
+    added their bias gradient, grad_x[lo:hi] (if not None) overwritten with theirs;
+    ``phases`` = p.phases()."""
     pixels, taps = _windows(p.c, p.h, p.w, p.kh, p.pad, p.stride, p.group)
-    dw_t = _matrix("dw_t", p.ckk, p.oc, x.dtype)             # (CKK, OC): sum over groups
+    xp = p.padded("xp", p.c, p.h, p.w, p.pad)
     g_pix = _matrix("g_pixels", len(pixels), p.oc, x.dtype)  # (G*OH*OW, OC)
     planes, q = dw_t[0], 0                                   # (unused without grad_x)
     if grad_x is not None:
@@ -551,24 +611,22 @@ def _backward_gathered(p, x, y, grad_y, relu, grad_weight, accumulate_weight, gr
         planes = p.padded("grad_planes", p.oc, p.oh, p.ow, q)
         dx = _matrix("dx_pixels", p.group * p.h * p.w, p.c, x.dtype)
     grs, gch = _wide_dims(p.oh, p.ow, p.kh, q)
-    for n0 in range(0, p.n, p.group):
-        xg = x[n0:n0 + p.group]                              # (G, C, H, W)
-        images = xg.shape[0]
-        g = g_pix[:images * p.oh * p.ow]
-        _mask_pixels(y[n0:n0 + p.group], grad_y[n0:n0 + p.group], relu, g, planes,
-                     grad_x is not None, q, grs, gch)
-        if grad_bias is not None:
-            np.add(grad_bias, g.sum(axis=0), out=grad_bias)
-        _pad_images(xg, p.xp, p.pad, p.rs, p.ch)
-        cpu_gemm.gathered_t(g, p.xp, pixels[:len(g)], taps, dw_t, n0 > 0)
+    for n0 in range(lo, hi, p.group):
+        n1 = min(hi, n0 + p.group)
+        xg = x[n0:n1]                                        # (G, C, H, W)
+        g = g_pix[:(n1 - n0) * p.oh * p.ow]
+        _mask_pixels(y[n0:n1], grad_y[n0:n1], relu, g, planes, grad_x is not None, q, grs, gch)
+        if db is not None:
+            db += g.sum(axis=0)
+        _pad_images(xg, xp, p.pad, p.rs, p.ch)
+        cpu_gemm.gathered_t(g, xp, pixels[:len(g)], taps, dw_t, n0 > lo)
         if grad_x is None:
             continue
         for a, b, dx_pixels, dx_taps, w_phase in phases:
-            dst = grad_x[n0:n0 + p.group, :, a::p.stride, b::p.stride]   # (G, C, HU, WV)
+            dst = grad_x[n0:n1, :, a::p.stride, b::p.stride]   # (G, C, HU, WV)
             if dx_pixels is None:
                 dst[...] = 0
                 continue
-            rows = images * dst.shape[2] * dst.shape[3]
+            rows = (n1 - n0) * dst.shape[2] * dst.shape[3]
             cpu_gemm.gathered(w_phase, planes, dx_pixels[:rows], dx_taps, dx[:rows])
             _store(dx, dst, None, False)
-    _add_transposed(grad_weight.reshape((p.oc, p.ckk)), dw_t, accumulate_weight)

@@ -10,7 +10,10 @@ fight: OpenBLAS workers spin for a while after each GEMM, exactly when the Numba
 cores for the next elementwise kernel. Measured on the 2-core box, one rank, batch 64, ms/step
 (BLAS + Numba threads): MLP 1+1 10.3, 2+1 5.6, 1+2 9.7, 2+2 26.4; LeNet 1+1 102.7, 2+1 84.2,
 1+2 84.1, 2+2 135.7 (docs/benchmarks.md). The GEMMs are most of every step, so BLAS gets the
-cores; the Numba kernels are memory-bound and gain little from a second thread.
+cores; the Numba kernels are memory-bound and gain little from a second thread. The exception is
+the CPU convolution's gathered path (kernels/cpu_conv.py), compute-bound Numba GEMMs that call
+no BLAS: it splits a batch over the same budget with its own threads (``cpu_conv.THREADS``;
+one rank, 2 threads, ResNet-20 214 -> 144 ms/step).
 
 When it is set matters: OpenBLAS and MKL read OMP_NUM_THREADS & co. once, when they are loaded,
 and NumPy (hence BLAS) is already loaded by the time ``python -m mpitrain`` runs our code (the
@@ -76,12 +79,16 @@ def from_env(environ=None):
 
 
 def configure(threads=0, local_size=None):
-    """Give this rank's BLAS ``threads`` threads (0: the default), Numba one; returns the number."""
+    """Give this rank's BLAS ``threads`` threads (0: the default), Numba one, and the CPU
+    convolution's gathered path as many (it runs while BLAS is idle); returns the number."""
+    from mpitrain.kernels import cpu_conv
+
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:
         os.environ[key] = str(n)
     _set_numba_threads(1)
     _set_blas_threads(n)
+    cpu_conv.THREADS = n
     return n
 
 

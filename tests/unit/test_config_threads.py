@@ -7,6 +7,7 @@ import numba
 import pytest
 
 from mpitrain import threads
+from mpitrain.kernels import cpu_conv
 
 
 @pytest.mark.parametrize("local_size, cores, expected", [
@@ -27,7 +28,9 @@ def restore_threads():
     saved_env = {k: os.environ.get(k) for k in threads._ENV_VARS}
     saved_numba = numba.get_num_threads()
     saved_blas = threads.blas_threads()
+    saved_conv = cpu_conv.THREADS
     yield
+    cpu_conv.THREADS = saved_conv
     for k, v in saved_env.items():
         if v is None:
             os.environ.pop(k, None)
@@ -46,8 +49,11 @@ def test_configure_resizes_running_pools_and_exports_env(restore_threads):
     n = threads.configure(0, local_size=1)
     assert n == threads.cores() and os.environ["OMP_NUM_THREADS"] == str(n)
     assert threads.blas_threads() in (n, None)
-    # The budget goes to BLAS; Numba stays on one thread so the two pools never fight.
-    assert numba.get_num_threads() == 1
+    # The budget goes to BLAS and to the convolution's gathered path (BLAS is idle while it
+    # runs); Numba stays on one thread so the two pools never fight.
+    assert numba.get_num_threads() == 1 and cpu_conv.THREADS == n
+    threads.configure(1)
+    assert cpu_conv.THREADS == 1
 
 
 def test_configure_then_compile_in_a_fresh_process():

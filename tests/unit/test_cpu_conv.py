@@ -195,3 +195,46 @@ def test_outputs_may_be_views(stride):
                       dx_big[..., ::2])
     assert np.array_equal(y_big[..., ::2], y) and np.all(y_big[..., 1::2] == 7)
     assert np.array_equal(dx_big[..., ::2], dx) and np.all(dx_big[..., 1::2] == 7)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_threads_split_the_batch(threads, stride, monkeypatch):
+    """cpu_conv.THREADS > 1 splits the gathered path's groups over threads: y and dx bit for bit
+    as on one thread (each image's own sums), dW and db within rounding (summed per thread, then
+    in thread order), and the same bits on every call."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((5, 16, 8, 8)).astype(np.float32)
+    w, b = rng.standard_normal((32, 16, 3, 3)).astype(np.float32), np.ones(32, np.float32)
+    out = (8 + 2 - 3) // stride + 1
+    grad_y = rng.standard_normal((5, 32, out, out)).astype(np.float32)
+    monkeypatch.setattr(cpu_conv, "GATHER_BYTES", 1)          # one image a group: five groups
+
+    def run():
+        y, dw, db, dx = (np.empty((5, 32, out, out), np.float32), np.empty_like(w),
+                         np.zeros(32, np.float32), np.empty_like(x))
+        k.conv2d_forward(x, w, b, y, stride, 1, True)
+        k.conv2d_backward(x, w, y, grad_y, stride, 1, True, dw, False, db, dx)
+        return y, dw, db, dx
+
+    one = run()
+    monkeypatch.setattr(cpu_conv, "THREADS", threads)
+    assert len(cpu_conv._ranges(5, 1)) == threads
+    many, again = run(), run()
+    assert all(np.array_equal(a, c) for a, c in zip(many, again))
+    assert np.array_equal(many[0], one[0]) and np.array_equal(many[3], one[3])
+    for got, want in zip(many[1:3], one[1:3]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_an_error_on_any_thread_is_raised_after_all_finish():
+    finished = []
+
+    def work(lo, hi, t):
+        if t == 1:
+            raise ValueError("range 1")
+        finished.append(t)
+
+    with pytest.raises(ValueError, match="range 1"):
+        cpu_conv._in_parallel(work, [(0, 1), (1, 2), (2, 3)])
+    assert sorted(finished) == [0, 2]
