@@ -611,6 +611,8 @@ def _backward_gathered(p, x, y, grad_y, relu, dw_t, db, grad_x, phases, lo, hi):
         planes = p.padded("grad_planes", p.oc, p.oh, p.ow, q)
         dx = _matrix("dx_pixels", p.group * p.h * p.w, p.c, x.dtype)
     grs, gch = _wide_dims(p.oh, p.ow, p.kh, q)
+    if lo == hi:                                             # an empty batch
+        dw_t[...] = 0
     for n0 in range(lo, hi, p.group):
         n1 = min(hi, n0 + p.group)
         xg = x[n0:n1]                                        # (G, C, H, W)

@@ -238,3 +238,14 @@ def test_an_error_on_any_thread_is_raised_after_all_finish():
     with pytest.raises(ValueError, match="range 1"):
         cpu_conv._in_parallel(work, [(0, 1), (1, 2), (2, 3)])
     assert sorted(finished) == [0, 2]
+
+
+@pytest.mark.parametrize("c,oc", [(3, 5), (16, 16)])     # columns + BLAS; gathered
+def test_an_empty_batch_has_zero_gradients(c, oc):
+    x, w = np.zeros((0, c, 8, 8), np.float32), np.ones((oc, c, 3, 3), np.float32)
+    y = np.zeros((0, oc, 8, 8), np.float32)
+    k.conv2d_forward(x, w, None, y, 1, 1, True)
+    for accumulate in (False, True):
+        dw, db = np.full_like(w, 5), np.full(oc, 2, np.float32)
+        k.conv2d_backward(x, w, y, y, 1, 1, True, dw, accumulate, db, np.zeros_like(x))
+        assert np.all(dw == (5 if accumulate else 0)) and np.all(db == 2)
