@@ -298,20 +298,27 @@ def _windows(chans, h, w, k, pad, stride, images):
     return pixels.reshape(-1).astype(np.intp), taps.reshape(-1).astype(np.intp)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _transpose(a, b):
+    """b (C, R) = a (R, C) transposed: 8 x 8 blocks in registers, the edges one by one."""
+    rows, cols = a.shape
+    whole_rows, whole_cols = rows - rows % 8, cols - cols % 8
+    for i in range(0, whole_rows, 8):
+        for j in range(0, whole_cols, 8):
+            vtranspose8(a, i, j, b, j, i)
+    for i in range(rows):
+        for j in range(whole_cols if i < whole_rows else 0, cols):
+            b[j, i] = a[i, j]
+
+
 @njit(cache=True, nogil=True)
 def _store_pixels(out, y, bias, use_bias, relu):
-    """y (G, N, OH, OW) = out (G*OH*OW, N) transposed, + bias, then ReLU; N % 8 == 0, y
-    C-contiguous."""
+    """y (G, N, OH, OW) = out (G*OH*OW, N) transposed, + bias, then ReLU; y C-contiguous."""
     groups, chans, oh, ow = y.shape
     pixels = oh * ow
     for g in range(groups):
-        rows, planes = out[g * pixels:(g + 1) * pixels], y[g].reshape((chans, pixels))
-        for p in range(0, pixels - 7, 8):                   # 8 x 8 blocks in registers
-            for o in range(0, chans, 8):
-                vtranspose8(rows, p, o, planes, o, p)
-        for p in range(pixels - pixels % 8, pixels):
-            for o in range(chans):
-                planes[o, p] = rows[p, o]
+        planes = y[g].reshape((chans, pixels))
+        _transpose(out[g * pixels:(g + 1) * pixels], planes)
         if use_bias or relu:
             for o in range(chans):
                 b = bias[o] if use_bias else 0
@@ -356,14 +363,7 @@ def _mask_pixels(y, grad_y, relu, g, planes, want_planes, pad, rs, ch):
                     dst = planes[(i * chans + o) * ch + pad + (r + pad) * rs:]
                     for j in range(ow):
                         dst[j] = masked[j]
-        pixels = oh * ow
-        rows = g[i * pixels:(i + 1) * pixels]           # transposed, 8 x 8 blocks in registers
-        for p in range(0, pixels - 7, 8):
-            for o in range(0, chans, 8):
-                vtranspose8(image, o, p, rows, p, o)
-        for p in range(pixels - pixels % 8, pixels):
-            for o in range(chans):
-                rows[p, o] = image[o, p]
+        _transpose(image[:, :oh * ow], g[i * oh * ow:(i + 1) * oh * ow])
 
 
 # Both layouts: epilogue and prologue between the GEMM columns and NCHW. -------------------------
@@ -430,8 +430,8 @@ class _Plan:
                          and min(self.ckk, self.oh * self.ow) >= cpu_gemm.ROWS)
         self.wide = _use_wide(self.w, self.kw, stride, pad)  # the column path's layout
         self.rs, self.ch = _wide_dims(self.h, self.w, self.kh, pad)
-        self.row = self.rs if self.wide else self.ow         # GEMM columns per output row
-        self.run = self.oh * self.row
+        # the column path's GEMM columns per output row and per image
+        self.row, self.run = _columns(self.h, self.w, self.kh, self.kw, stride, pad)
         if self.gathered:       # as many images as fit in GATHER_BYTES: padded, and as pixels
             image = (self.c * self.ch + self.oh * self.ow * self.oc) * x.dtype.itemsize
             self.group = max(1, min(self.n, GATHER_BYTES // image))
@@ -527,13 +527,13 @@ def conv2d_forward(x, weight, bias, y, stride, pad, relu):
     then ReLU if ``relu``."""
     p = _Plan(x, weight, stride, pad)
     w2d = weight.reshape((p.oc, p.ckk))                      # (OC, CKK), a view
-    use_bias = bias is not None
-    b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
     if p.gathered:
         w_t = np.ascontiguousarray(w2d.T)                    # (CKK, OC)
         _in_parallel(lambda lo, hi, t: _forward_gathered(p, x, w_t, bias, y, relu, lo, hi),
                      _ranges(p.n, p.group))
         return
+    use_bias = bias is not None
+    b = bias if use_bias else w2d[0]                         # any array of the dtype: unused
     for n0 in range(0, p.n, p.group):
         xg = x[n0:n0 + p.group]                              # (G, C, H, W)
         y_cols = p.cols("y_cols", p.oc, xg.shape[0])         # (OC, G*R)
