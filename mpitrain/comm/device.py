@@ -53,7 +53,7 @@ from mpitrain.comm.build_info import device_count, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
 from mpitrain.comm.fusion import FusionBuffer
 from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
-                               integer_average_error, reduce_args, reduce_kind)
+                               integer_average_error, on_device, reduce_args, reduce_kind)
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
 
 
@@ -64,7 +64,24 @@ def _state():
 
 # --- array families -----------------------------------------------------------------------------
 
-class _NumbaFamily:
+class _Family:
+    """What the device collectives need of one array family: its kernels module (copy, scale,
+    empty, to_host, to_device, synchronize) and the helpers below."""
+
+    def __init__(self, kernels, new_pinned):
+        self.kernels = kernels
+        self._new_pinned = new_pinned           # (n, dtype) -> a pinned host array
+        self._pinned = {}
+
+    def pinned(self, n, dtype):
+        """A pinned host buffer of >= n elements, reused across calls."""
+        buf = self._pinned.get(np.dtype(dtype))
+        if buf is None or buf.size < n:
+            buf = self._pinned[np.dtype(dtype)] = self._new_pinned(max(n, 1), dtype)
+        return buf[:n]
+
+
+class _NumbaFamily(_Family):
     """Numba device arrays (real or simulated) and foreign CAI arrays wrapped by Numba."""
 
     name = "numba"
@@ -72,22 +89,14 @@ class _NumbaFamily:
     def __init__(self):
         from numba import cuda
         from mpitrain import kernels
+        super().__init__(kernels.get("cuda", "numba"), cuda.pinned_array)
         self.cuda = cuda
-        self.kernels = kernels.get("cuda", "numba")
-        self._pinned = {}
 
     def wrap(self, x):
         return x if getattr(x, "__cuda_ndarray__", False) else self.cuda.as_cuda_array(x)
 
     def contiguous(self, x):
         return x.is_c_contiguous()
-
-    def pinned(self, n, dtype):
-        """A pinned host buffer of >= n elements, reused across calls."""
-        buf = self._pinned.get(np.dtype(dtype))
-        if buf is None or buf.size < n:
-            buf = self._pinned[np.dtype(dtype)] = self.cuda.pinned_array(max(n, 1), dtype)
-        return buf[:n]
 
     def to_host(self, flat, host):
         flat.copy_to_host(host)
@@ -99,28 +108,21 @@ class _NumbaFamily:
         return 0                                   # Numba launches on the legacy default stream
 
 
-class _CupyFamily:
+class _CupyFamily(_Family):
     name = "cupy"
 
     def __init__(self):
         import cupy
         import cupyx
         from mpitrain import kernels
-        self.cupy, self.cupyx = cupy, cupyx
-        self.kernels = kernels.get("cuda", "cupy")
-        self._pinned = {}
+        super().__init__(kernels.get("cuda", "cupy"), cupyx.empty_pinned)
+        self.cupy = cupy
 
     def wrap(self, x):
         return x
 
     def contiguous(self, x):
         return x.flags.c_contiguous
-
-    def pinned(self, n, dtype):
-        buf = self._pinned.get(np.dtype(dtype))
-        if buf is None or buf.size < n:
-            buf = self._pinned[np.dtype(dtype)] = self.cupyx.empty_pinned(max(n, 1), dtype)
-        return buf[:n]
 
     def to_host(self, flat, host):
         flat.get(out=host)
@@ -144,11 +146,6 @@ def _family(x):
     return _families[key]
 
 
-def is_device_array(x):
-    """True for arrays the device collectives handle (CAI arrays, Numba incl. simulated ones)."""
-    return hasattr(x, "__cuda_array_interface__") or bool(getattr(x, "__cuda_ndarray__", False))
-
-
 # --- GPU selection ------------------------------------------------------------------------------
 
 def select_device(local_rank=None):
@@ -164,7 +161,7 @@ def select_device(local_rank=None):
         raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
     rank = world.local_rank() if local_rank is None else int(local_rank)
     dev = rank % count
-    if "cupy" in sys.modules or _cupy_importable():
+    if "cupy" in sys.modules or importlib.util.find_spec("cupy") is not None:
         import cupy
         cupy.cuda.Device(dev).use()
     from numba import cuda
@@ -172,10 +169,6 @@ def select_device(local_rank=None):
         cuda.select_device(dev)
     state["device"] = dev
     return dev
-
-
-def _cupy_importable():
-    return importlib.util.find_spec("cupy") is not None
 
 
 def _current_device():
@@ -308,7 +301,7 @@ def _flat(a):
     return a if a.ndim == 1 else a.reshape(a.size)
 
 
-def _check(x, kind, in_place):
+def _check(x, kind):
     """(wrapped array, family, error string or None) for one device argument."""
     fam = _family(x)
     a = fam.wrap(x)
@@ -329,7 +322,7 @@ def _copy_of(fam, a):
 # --- allreduce ----------------------------------------------------------------------------------
 
 def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    a, fam, err = _check(x, "allreduce", False)
+    a, fam, err = _check(x, "allreduce")
     if err is None and integer_average(a.dtype, op):
         # a float64 mean, as on the host, and through it (integer averages are small metrics)
         return fam.kernels.to_device(host_collectives.allreduce(
@@ -341,7 +334,7 @@ def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_fa
 
 
 def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    a, fam, err = _check(x, "allreduce_", True)
+    a, fam, err = _check(x, "allreduce_")
     if err is None and integer_average(a.dtype, op):
         err = integer_average_error("allreduce_", a.dtype)
     _allreduce_checked(state, "allreduce_", fam, a, err, op, name, prescale_factor,
@@ -386,7 +379,7 @@ class DeviceFusionBuffer(FusionBuffer):
 
 def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
-    checked = [_check(x, kind, in_place) if is_device_array(x) else
+    checked = [_check(x, kind) if on_device(x) else
                (x, None, f"{kind}: host and device arrays mixed in one call") for x in xs]
     arrays = [c[0] for c in checked]
     fams = {c[1].name: c[1] for c in checked if c[1] is not None}
@@ -431,31 +424,32 @@ def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0,
 
 # --- one-off collectives: staged through the host ------------------------------------------------
 
-def _down(x, kind):
-    a, fam, err = _check(x, kind, False)
-    return (fam.kernels.to_host(a) if err is None else np.zeros(0, np.float32)), fam, err
-
-
-def _agree_error(state, kind, err):
-    """A local device-argument error raised on every rank (the host call would see a fine array)."""
+def _checked(state, x, kind):
+    """(wrapped array, family) of a device argument; a local error in it is raised on every rank
+    (the host call it goes on to would see a fine array)."""
+    a, fam, err = _check(x, kind)
     state.agreement(f"{kind} (device)", {}, err)
+    return a, fam
+
+
+def _down(state, x, kind):
+    """``_checked``, then a host copy of the array."""
+    a, fam = _checked(state, x, kind)
+    return fam.kernels.to_host(a), fam
 
 
 def allgather(state, x, name=None):
-    host, fam, err = _down(x, "allgather")
-    _agree_error(state, "allgather", err)
+    host, fam = _down(state, x, "allgather")
     return fam.kernels.to_device(host_collectives.allgather(state, host, name=name))
 
 
 def broadcast(state, x, root_rank, name=None):
-    host, fam, err = _down(x, "broadcast")
-    _agree_error(state, "broadcast", err)
+    host, fam = _down(state, x, "broadcast")
     return fam.kernels.to_device(host_collectives.broadcast(state, host, root_rank, name=name))
 
 
 def broadcast_(state, x, root_rank, name=None):
-    a, fam, err = _check(x, "broadcast_", True)
-    _agree_error(state, "broadcast_", err)
+    a, fam = _checked(state, x, "broadcast_")
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
     fam.to_host(_flat(a), host)
     host_collectives.broadcast_(state, host.reshape(a.shape), root_rank, name=name)
@@ -465,16 +459,14 @@ def broadcast_(state, x, root_rank, name=None):
 
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
-    host, fam, err = _down(x, "reducescatter")
-    _agree_error(state, "reducescatter", err)
+    host, fam = _down(state, x, "reducescatter")
     return fam.kernels.to_device(host_collectives.reducescatter(
         state, host, op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
 
 def alltoall(state, x, splits=None, name=None):
-    host, fam, err = _down(x, "alltoall")
-    _agree_error(state, "alltoall", err)
+    host, fam = _down(state, x, "alltoall")
     res = host_collectives.alltoall(state, host, splits=splits, name=name)
     if splits is None:
         return fam.kernels.to_device(res)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.comm import device
+from mpitrain.comm import device, ops
 from tests.support.comm import settings_stack
 
 HERE = pathlib.Path(__file__).parent
@@ -38,7 +38,7 @@ def test_single_rank_collectives_on_device_arrays(dev):
     assert mt.grouped_allreduce_(ds, op=mt.Sum, prescale_factor=2.0) is not None
     np.testing.assert_allclose(dev.to_host(ds[0]), x * 2.0)
     np.testing.assert_allclose(dev.to_host(ds[1]), np.full(4, 2.0))
-    assert device.is_device_array(d) and not device.is_device_array(x)
+    assert ops.on_device(d) and not ops.on_device(x)             # what sends d to device.py
 
 
 def test_bad_device_arguments_raise(dev):
