@@ -149,15 +149,6 @@ def record(set_id=0):
     return rec if rec is not None else Record(set_id)
 
 
-def enter(desc):
-    """The global set's ``Record.enter`` (for callers without a World at hand)."""
-    record().enter(desc)
-
-
-def leave():
-    record().leave()
-
-
 def current():
     """(seq, kind, name) of the global set's agreement in flight, or None."""
     seq, desc = record().snapshot()

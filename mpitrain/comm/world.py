@@ -6,11 +6,12 @@ never pass a communicator. init agrees the settings (settings.py) across ranks, 
 communicators and keeps them in the World, with every buffer and plan the layers above make
 (see World); ``shutdown()`` drops the World, so nothing outlives it:
 
-- ``comm()``        the user's communicator (COMM_WORLD by default): checks, objects, MPI paths;
-- ``ring_comm()``   a private duplicate for the ring's point-to-point traffic, so its messages can
+- ``comm`` (``comm()``) the user's communicator (COMM_WORLD by default): checks, objects, MPI paths;
+- ``ring``          a private duplicate for the ring's point-to-point traffic, so its messages can
                     never match a receive posted by user code or by another collective;
-- ``local_comm()`` / ``cross_comm()``: ranks on the same host (``Split_type(COMM_TYPE_SHARED)``)
-                    and ranks with the same local rank across hosts.
+- ``local`` (``local_comm()``) / ``cross``: ranks on the same host
+                    (``Split_type(COMM_TYPE_SHARED)``) and ranks with the same local rank
+                    across hosts.
 
 ``MPITRAIN_NODE_SIZE=k`` (alias ``MPITRAIN_LOCAL_SIZE``) emulates nodes of k consecutive ranks, so
 tests on one machine can exercise the local/cross split (it must divide the world size).
@@ -187,17 +188,8 @@ def comm():
     return current().comm
 
 
-def ring_comm():
-    """Private duplicate used only by the ring's point-to-point messages."""
-    return current().ring
-
-
 def local_comm():
     return current().local
-
-
-def cross_comm():
-    return current().cross
 
 
 def rank():

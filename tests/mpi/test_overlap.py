@@ -111,7 +111,7 @@ def test_a_bucket_is_reduced_on_the_comm_thread_before_the_rest_is_ready():
     def reduce_flat(flat):
         threads.append(threading.current_thread().name)
         try:
-            world.ring_comm().Allreduce(MPI.IN_PLACE, flat)
+            world.current().ring.Allreduce(MPI.IN_PLACE, flat)
         finally:
             done.set()
 
@@ -217,7 +217,7 @@ def test_bucket_allreduces_are_watched_for_stalls():
 
     def reduce_flat(flat):
         seen.append(watchdog.current())
-        world.ring_comm().Allreduce(MPI.IN_PLACE, flat)
+        world.current().ring.Allreduce(MPI.IN_PLACE, flat)
 
     before = watchdog.sequence()
     b = overlap.BucketAllreduce([((3,), np.float64), ((5,), np.float64)], 8, reduce_flat,

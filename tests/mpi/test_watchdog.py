@@ -60,9 +60,9 @@ def test_agree_records_and_clears_the_collective():
     mt.allreduce(np.ones(3), name="w.x")
     mt.broadcast(np.ones(2), root_rank=0)
     assert watchdog.current() is None
-    watchdog.enter(("allreduce", {"name": "w.y"}, None))
+    watchdog.record().enter(("allreduce", {"name": "w.y"}, None))
     assert watchdog.current() == (watchdog.sequence(), "allreduce", "w.y")
-    watchdog.leave()
+    watchdog.record().leave()
     watchdog.record().seq -= 1          # not a real agreement: keep numbers aligned across ranks
     assert watchdog.current() is None
     # one agreement per collective, and only when there is someone to agree with
@@ -123,9 +123,9 @@ def test_rank_inside_another_collective_is_named(reports):
     start()
     seq = watchdog.sequence() + 1
     if R == 1:
-        watchdog.enter(("broadcast", {"name": "weights", "root_rank": 0}, None))
+        watchdog.record().enter(("broadcast", {"name": "weights", "root_rank": 0}, None))
         time.sleep(LATE_S)
-        watchdog.leave()
+        watchdog.record().leave()
         watchdog.record().seq -= 1      # it was not a real agreement: stay aligned with the others
     mt.allreduce(np.ones(2), name="loss")
     mt.barrier()
