@@ -315,7 +315,7 @@ def softmax_xent(logits, labels, grad, losses):
 
 
 @njit(cache=True, nogil=True)
-def _count_correct(logits, labels):
+def count_correct(logits, labels):
     rows, k = logits.shape                      # (B, K)
     hits = 0
     for i in range(rows):
@@ -326,10 +326,6 @@ def _count_correct(logits, labels):
         if best == labels[i]:
             hits += 1
     return hits
-
-
-def count_correct(logits, labels):
-    return int(_count_correct(logits, labels))
 
 
 # Convolution: im2col + GEMM ----------------------------------------------------------------------
@@ -563,12 +559,6 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 
 
 @njit(cache=True, nogil=True)
-def _reduce_sum(dst, src):
-    for i in range(dst.shape[0]):
-        dst[i] += src[i]
-
-
-@njit(cache=True, nogil=True)
 def _reduce_prod(dst, src):
     for i in range(dst.shape[0]):
         dst[i] *= src[i]
@@ -620,7 +610,7 @@ def _half_reduce_max(dst, src):
         dst[i] = a if keep else b
 
 
-_REDUCE_NUMBA = {"sum": _reduce_sum, "prod": _reduce_prod, "min": _reduce_min, "max": _reduce_max}
+_REDUCE_NUMBA = {"sum": _add, "prod": _reduce_prod, "min": _reduce_min, "max": _reduce_max}
 _REDUCE_HALF = {"sum": _half_reduce_sum, "prod": _half_reduce_prod, "min": _half_reduce_min,
                 "max": _half_reduce_max}
 

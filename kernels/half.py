@@ -71,8 +71,8 @@ def float32_bits(typingctx, value):
 
 
 @njit(cache=True, nogil=True)
-def half_to_float32_bits(h):
-    """float32 bits (int32) of the half with bits h (any integer holding 0..0xFFFF)."""
+def half_to_float32(h):
+    """The float32 value of the half with bits h (any integer holding 0..0xFFFF)."""
     h = np.int32(h)
     sign = np.int32((h & 0x8000) << 16)
     mag = np.int32(h & 0x7FFF)
@@ -82,13 +82,7 @@ def half_to_float32_bits(h):
     special = np.int32((mag << 13) | _F32_INF)         # inf, or NaN with its payload
     bits = normal if mag >= 0x0400 else sub
     bits = special if mag >= HALF_EXP else bits
-    return np.int32(bits | sign)
-
-
-@njit(cache=True, nogil=True)
-def half_to_float32(h):
-    """The float32 value of the half with bits h."""
-    return float32_from_bits(half_to_float32_bits(h))
+    return float32_from_bits(np.int32(bits | sign))
 
 
 @njit(cache=True, nogil=True)

@@ -5,6 +5,8 @@ shape would read or write out of bounds instead of raising. The checks, their on
 and the (N, C, L) view of a BatchNorm input (L = H*W, 1 for BatchNorm1d) live here once. (The CPU
 kernels, kernels/cpu_norm.py, check the same things in their own wrappers.)
 """
+import math
+
 import numpy as np
 
 
@@ -14,10 +16,7 @@ def ncl(kind, shape):
         raise ValueError(f"{kind}: expected an (N, C) or (N, C, H, W) array, got shape "
                          f"{tuple(shape)}")
     n, c = shape[0], shape[1]
-    size = 1
-    for d in shape:
-        size *= d
-    return n, c, (size // (n * c) if n * c else 1)
+    return n, c, (math.prod(shape) // (n * c) if n * c else 1)
 
 
 def same_shape(kind, want, **arrays):
