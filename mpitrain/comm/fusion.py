@@ -17,6 +17,7 @@ bucket, so never above the threshold) is reused by every bucket and every call.
 import numpy as np
 
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
+from mpitrain.comm.handles import current_timeline
 
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
 
@@ -66,7 +67,7 @@ class FusionBuffer:
 
         reduce_flat(flat): allreduce a contiguous 1-D array in place (scaling included).
         """
-        tl = _timeline()
+        tl = current_timeline()
         for index, bucket in enumerate(self.plan(arrays)):
             nbytes = bucket.total * bucket.dtype.itemsize
             if len(bucket.entries) == 1:
@@ -84,13 +85,6 @@ class FusionBuffer:
                 for i, off, n in bucket.entries:
                     outs[i][...] = flat[off:off + n].reshape(outs[i].shape)
         return outs
-
-
-def _timeline():
-    # Imported late, as in distributed.py: `python -m mpitrain.timeline` must not find the
-    # module already loaded.
-    from mpitrain import timeline
-    return timeline.current()
 
 
 def _reduce_direct(x, out, reduce_flat):

@@ -81,12 +81,7 @@ def submit(fn, *args, kind="collective", span=None):
     """
     global _submitted
     if on_comm_thread() or not comm_thread_available():
-        future = concurrent.futures.Future()    # run now, here: nothing can overtake it
-        try:
-            future.set_result(_call(fn, args, span))
-        except BaseException as exc:  # noqa: BLE001 - kept for synchronize, as on the thread
-            future.set_exception(exc)
-        return Handle(future, kind)
+        return _now(kind, _call, fn, args, span)      # run here: nothing can overtake it
     with _lock:
         _submitted += 1
         future = _thread().submit(_run, fn, args, span)
@@ -95,9 +90,14 @@ def submit(fn, *args, kind="collective", span=None):
 
 def completed(fn, *args, kind="collective"):
     """``fn(*args)`` run now (in order, as a blocking call), as an already finished Handle."""
+    return _now(kind, ordered, fn, *args)
+
+
+def _now(kind, fn, *args):
+    """A finished Handle of ``fn(*args)``, run now: its result, or its exception."""
     future = concurrent.futures.Future()
     try:
-        future.set_result(ordered(fn, *args))
+        future.set_result(fn(*args))
     except BaseException as exc:  # noqa: BLE001 - kept for synchronize, as on the thread
         future.set_exception(exc)
     return Handle(future, kind)
@@ -115,7 +115,7 @@ def _call(fn, args, span):
     if span is None:
         return fn(*args)
     name, fields = span
-    with _timeline().span(name, cat="comm", tid="comm", **fields):
+    with current_timeline().span(name, cat="comm", tid="comm", **fields):
         return fn(*args)
 
 
@@ -156,8 +156,9 @@ def _check(handle):
     return handle
 
 
-def _timeline():
-    # Imported late, as in overlap.py: `python -m mpitrain.timeline` must not find the module
-    # already loaded.
+def current_timeline():
+    """The active timeline (mpitrain.timeline), for the comm layer's spans (here, fusion.py,
+    overlap.py). Imported late: `python -m mpitrain.timeline` must not find the module already
+    loaded."""
     from mpitrain import timeline
     return timeline.current()

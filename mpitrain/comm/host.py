@@ -91,9 +91,8 @@ def _allreduce_checked(state, kind, a, out, err, op, name, prescale, postscale):
         try:
             hash(plan_key)
         except TypeError:                               # e.g. an unhashable name: no plan
-            plan_key = None
-        if plan_key is not None:
-            state.plans[plan_key] = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
+            return out
+        state.plans[plan_key] = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
     return out
 
 
@@ -251,28 +250,26 @@ def broadcast(state, x, root_rank, name=None):
     """Return a new array holding root_rank's ``x`` on every rank."""
     a, err = as_array(x, "broadcast")
     out = None if a is None else np.array(a, order="C", copy=True)
-    return _broadcast_checked(state, "broadcast", out, out, root_rank, name, err)
+    return _broadcast_checked(state, "broadcast", out, root_rank, name, err)
 
 
 def broadcast_(state, x, root_rank, name=None):
     """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
     a, err = as_array(x, "broadcast_", in_place=True)
-    return _broadcast_checked(state, "broadcast_", a, a, root_rank, name, err)
+    return _broadcast_checked(state, "broadcast_", a, root_rank, name, err)
 
 
-def _broadcast_checked(state, kind, a, out, root_rank, name, err):
-    comm = state.comm
+def _broadcast_checked(state, kind, a, root_rank, name, err):
+    """Broadcast into ``a`` (None when the argument was bad: ``err`` says why) in place."""
     root, err2 = as_root(root_rank, kind, state.members)
     fields = {"name": name, "root_rank": root, "shape": None if a is None else a.shape,
               "dtype": None if a is None else a.dtype.str}
     state.agreement("broadcast", fields, err or err2)
-    if out.flags.c_contiguous:
-        comm.Bcast([out.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-    else:
-        tmp = np.ascontiguousarray(out)
-        comm.Bcast([tmp.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-        out[...] = tmp
-    return out
+    buf = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    state.comm.Bcast([buf.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    if buf is not a:
+        a[...] = buf
+    return a
 
 
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):

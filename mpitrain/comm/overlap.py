@@ -37,7 +37,7 @@ import numpy as np
 
 from mpitrain.comm import check, handles, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
-from mpitrain.comm.handles import comm_thread_available
+from mpitrain.comm.handles import comm_thread_available, current_timeline
 from mpitrain.kernels import cpu
 
 
@@ -162,7 +162,7 @@ class BucketAllreduce:
             error = self._wait_all()
             if error is not None:
                 raise error
-            tl = _timeline()
+            tl = current_timeline()
             for b in self.buckets:
                 if b.flat is None:
                     continue
@@ -184,7 +184,7 @@ class BucketAllreduce:
         return error
 
     def _submit(self, b):
-        tl = _timeline()
+        tl = current_timeline()
         if b.flat is None:
             a = self._arrays[b.entries[0][0]]
             flat = a.reshape(-1) if a.flags.c_contiguous else None
@@ -215,7 +215,7 @@ class BucketAllreduce:
     def _reduce(self, flat, index, nbytes, tid):
         if index == 0 and self._step_check is not None:
             self._step_check()
-        with watched(self.state, index), _timeline().span(
+        with watched(self.state, index), current_timeline().span(
                 "allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes,
                 process_set=self.state.set_id):
             self.reduce_flat(flat)
@@ -254,9 +254,3 @@ def _assign(dst, src):
     else:
         dst[...] = src
 
-
-def _timeline():
-    # Imported late, as in distributed.py: `python -m mpitrain.timeline` must not find the
-    # module already loaded.
-    from mpitrain import timeline
-    return timeline.current()
