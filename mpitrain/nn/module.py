@@ -70,22 +70,23 @@ class Module:
         return [m for _, m in self.named_modules()]
 
     # -- parameters and buffers ----------------------------------------------------------------
+    def _named(self, attr, prefix):
+        """(dotted name, value) of dict ``attr``: this module's first, then each child's."""
+        out = [(f"{prefix}{name}", v) for name, v in getattr(self, attr).items()]
+        for cname, child in self._children.items():
+            out.extend(child._named(attr, f"{prefix}{cname}."))
+        return out
+
     def named_parameters(self, prefix=""):
         """(dotted name, Parameter): own parameters first, then each child's, in order."""
-        out = [(f"{prefix}{name}", p) for name, p in self._params.items()]
-        for cname, child in self._children.items():
-            out.extend(child.named_parameters(f"{prefix}{cname}."))
-        return out
+        return self._named("_params", prefix)
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
     def named_buffers(self, prefix=""):
         """(dotted name, array) for every buffer (running statistics), in the same order."""
-        out = [(f"{prefix}{name}", b) for name, b in self._buffers.items()]
-        for cname, child in self._children.items():
-            out.extend(child.named_buffers(f"{prefix}{cname}."))
-        return out
+        return self._named("_buffers", prefix)
 
     def buffers(self):
         return [b for _, b in self.named_buffers()]
@@ -109,9 +110,9 @@ class Module:
 
     # -- state -----------------------------------------------------------------------------------
     def _kernels(self):
-        for p in self.parameters():
-            return p.kernels
-        return getattr(self, "kernels", None)
+        # its own (every layer and built-in model has one: no walk per forward), else a parameter's
+        k = getattr(self, "kernels", None)
+        return k if k is not None else next((p.kernels for p in self.parameters()), None)
 
     def state_dict(self, copy=False):
         """Every parameter, then every buffer, by dotted name.

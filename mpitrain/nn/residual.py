@@ -95,9 +95,6 @@ class BasicBlock(Module):
         self.add_child("relu", ReLU(**dk))
         self._branch = ["conv1", "bn1", "relu1", "conv2", "bn2"]
 
-    def _kernels(self):
-        return self.kernels
-
     def forward_through(self, x):
         h = x
         for name in self._branch:

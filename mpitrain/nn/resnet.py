@@ -54,9 +54,6 @@ class ResNet(Module):
             self.add_child("dropout", Dropout(dropout, seed=rng, **dk))
         self.add_child("fc", Linear(c, classes, init="he", seed=rng, **dk))
 
-    def _kernels(self):
-        return self.kernels
-
     def forward_through(self, x):
         for child in self._children.values():
             x = child.forward_through(x)

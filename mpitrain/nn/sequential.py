@@ -28,9 +28,6 @@ class Sequential(Module):
         self.layers[int(name)] = module
         return super().replace_child(name, module)
 
-    def _kernels(self):
-        return self.kernels
-
     def forward_through(self, x):
         for layer in self.layers:
             x = layer.forward_through(x)
