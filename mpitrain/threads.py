@@ -36,6 +36,8 @@ _ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                  "openblas_set_num_threads64_", "openblas_set_num_threads",
                  "MKL_Set_Num_Threads")
+_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                 "openblas_get_num_threads64_", "openblas_get_num_threads", "MKL_Get_Max_Threads")
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE")
 
@@ -112,30 +114,26 @@ def _blas_libraries():
                   or "mkl_rt" in os.path.basename(p))
 
 
-def _set_blas_threads(n):
+def _blas_functions(symbols):
+    """Per loaded BLAS library, the first of ``symbols`` it exports (libraries without one are
+    skipped)."""
     for path in _blas_libraries():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for symbol in _BLAS_SETTERS:
-            setter = getattr(lib, symbol, None)
-            if setter is not None:
-                setter(ctypes.c_int(n))
-                break
+        function = next((getattr(lib, s) for s in symbols if hasattr(lib, s)), None)
+        if function is not None:
+            yield function
+
+
+def _set_blas_threads(n):
+    for setter in _blas_functions(_BLAS_SETTERS):
+        setter(ctypes.c_int(n))
 
 
 def blas_threads():
     """The BLAS pool size now in force (None if no known BLAS is loaded); for tests and logs."""
-    for path in _blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for symbol in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
-                       "openblas_get_num_threads64_", "openblas_get_num_threads",
-                       "MKL_Get_Max_Threads"):
-            getter = getattr(lib, symbol, None)
-            if getter is not None:
-                return int(getter())
+    for getter in _blas_functions(_BLAS_GETTERS):
+        return int(getter())
     return None
