@@ -14,6 +14,8 @@ from mpitrain.comm import collectives, overlap
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.engine import allreduce_flat
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+# ops.on_device, not comm/device.py's test: importing device.py here would load it in every
+# process, GPU or not
 from mpitrain.comm.ops import on_device
 from mpitrain.comm.process_sets import global_process_set, world_of
 from mpitrain.deterministic import GradientTree, check_ranks
@@ -73,9 +75,9 @@ def _writable_arrays(params):
                         f"among them")
         name, value = pair
         # an array as is (NumPy's, CuPy's and Numba's .data are buffers), else a Parameter's .data
-        array = (value if isinstance(value, np.ndarray) or _is_device_array(value)
+        array = (value if isinstance(value, np.ndarray) or on_device(value)
                  else getattr(value, "data", value))
-        if _is_device_array(array):
+        if on_device(array):
             items.append((str(name), array))
             continue
         if not isinstance(array, np.ndarray):
@@ -195,14 +197,10 @@ class DistributedOptimizer:
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
-        if isinstance(average_every, bool) or not isinstance(average_every, (int, np.integer)) \
-                or average_every < 1:
-            raise ValueError(f"average_every {average_every!r}: expected an integer >= 1")
-        if isinstance(backward_passes_per_step, bool) \
-                or not isinstance(backward_passes_per_step, (int, np.integer)) \
-                or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step {backward_passes_per_step!r}: expected "
-                             f"an integer >= 1")
+        for name, count in (("average_every", average_every),
+                            ("backward_passes_per_step", backward_passes_per_step)):
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+                raise ValueError(f"{name} {count!r}: expected an integer >= 1")
         if not gradient_predivide_factor > 0:
             raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r}: "
                              f"must be > 0")
@@ -324,7 +322,7 @@ class DistributedOptimizer:
             return self._buckets
         if (not self.overlap or self.average != "gradients" or self.process_set.size() == 1
                 or self.deterministic
-                or not self.params or _is_device_array(self.params[0].data)
+                or not self.params or on_device(self.params[0].data)
                 or not isinstance(self.compression, Compressor)):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
@@ -367,8 +365,7 @@ class DistributedOptimizer:
             elif error is not None:
                 raise ValueError(error)
         except (ValueError, CollectiveError):
-            self._synchronized = False
-            self.optimizer.zero_grad()     # a wrong count summed the wrong gradients
+            self.zero_grad()               # a wrong count summed the wrong gradients
             raise
         self._synchronized = True
 
@@ -391,10 +388,7 @@ class DistributedOptimizer:
                             {"backward_passes_per_step": k, "elements": tree.elements,
                              "dtype": str(tree.dtype)}, error=error)
         except (ValueError, CollectiveError):
-            self._passes.reset()
-            tree.reset()
-            self._synchronized = False
-            self.optimizer.zero_grad()
+            self.zero_grad()               # drops the leaves too
             raise
         self._passes.reset()
         scale = 1.0 / state.size if self.op is collectives.Average else 1.0
@@ -539,12 +533,6 @@ def _check_deterministic(average, compression, predivide, passes, process_set):
     size = process_set.size()
     if size is not None:
         check_ranks(size)
-
-
-def _is_device_array(x):
-    # ops.on_device, not comm/device.py's test: importing device.py here would load it in every
-    # process, GPU or not
-    return on_device(x)
 
 
 def _timeline():
