@@ -39,9 +39,6 @@ from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
 from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
 
-DEFAULT_MICRO_SHARDS = 8
-
-
 def check_ranks(size, what="deterministic=True"):
     """ValueError unless ``size`` ranks can share the fixed tree (a power of two)."""
     if not is_power_of_two(size):
@@ -160,10 +157,7 @@ class GradientTree:
             k.scale(root, scale)
         for p, v in zip(self.params, self._views(root)):
             p.grad = v                  # the optimizer reads the sum where it lies
-        if self._current is not None:
-            self.leaves.release(self._current[0])
-            self._current = None
-        self._reported.clear()
+        self._drop_current()
         if self._granted is not None:
             self.leaves.release(self._granted)
         self._granted = root
@@ -171,11 +165,15 @@ class GradientTree:
     def reset(self):
         """Drop this step's leaves (``zero_grad``, an error) and start the next pass."""
         self.leaves.reset()
-        self._reported.clear()
+        self._drop_current()
+        self._begin_pass()
+
+    def _drop_current(self):
+        """Give the current pass's buffer back unused and forget its reports."""
         if self._current is not None:
             self.leaves.release(self._current[0])
             self._current = None
-        self._begin_pass()
+        self._reported.clear()
 
 
 def seed_dropout(model, step, micro_shard, micro_shards):
