@@ -91,8 +91,7 @@ def _rank():
 
 def run_cli(argv=None):
     """Parse, train, and turn bad input into one line on rank 0 plus exit code 2."""
-    import mpitrain.data
-    DataError = getattr(mpitrain.data, "DataError", UsageError)
+    from mpitrain.data import DataError
     try:
         config = parse(argv)
         from mpitrain import train

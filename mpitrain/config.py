@@ -173,12 +173,10 @@ class Config:
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
-                    "eval_every": 0, "threads": 0, "seed": 0}
+                    "eval_every": 0, "threads": 0, "seed": 0, "steps": 1}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
-        if self.steps is not None and self.steps < 1:
-            raise UsageError(f"--steps {self.steps!r}: must be >= 1")
         if not self.lr > 0:
             raise UsageError(f"--lr {self.lr!r}: must be > 0")
         if not 0 <= self.momentum < 1:

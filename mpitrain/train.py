@@ -45,7 +45,7 @@ import numpy as np
 import mpitrain as mt
 from mpitrain import checkpoint as ckpt
 from mpitrain import threads, timeline
-from mpitrain.config import MODEL_SHAPES, UsageError
+from mpitrain.config import UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.deterministic import BatchNormReplay, ShardSums, seed_dropout
@@ -102,7 +102,7 @@ def _raw_datasets(config):
         return (mt.data.load(config.dataset, "train", config.data_dir, normalize=fixed),
                 mt.data.load(config.dataset, "test", config.data_dir, normalize=fixed))
     n_test = max(1, config.synthetic_samples // TEST_FRACTION)
-    shape = MODEL_SHAPES.get(config.model, (1, 28, 28))
+    shape = config.sample_shape()                       # synthetic: the model's input
     # One draw for both splits, so the test set has the training set's class prototypes.
     full = mt.data.synthetic(config.synthetic_samples + n_test, shape, seed=config.seed)
     cut = config.synthetic_samples
