@@ -21,11 +21,9 @@ source can be reached the error is one line saying where to put the files by han
 """
 import hashlib
 import http.client
-import os
+import shutil
 import tarfile
-import tempfile
 import urllib.request
-from pathlib import Path
 
 from mpitrain import atomic
 from mpitrain.data.catalog import spec as _spec
@@ -62,15 +60,10 @@ def _progress(total, desc):
                 disable=None, leave=False)
 
 
-def _commit(tmp_path, dest):
-    """Atomically move a verified temp file onto its final name."""
-    os.replace(tmp_path, dest)
-    atomic.fsync_dir(dest.parent)
-
-
-def _temp_file(dest):
-    return tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part",
-                                       delete=False)
+def _write_atomically(dest, writer):
+    """``writer(f)`` into ".<name>.XXXX.part" beside ``dest``, renamed onto it once complete
+    (atomic.py): an exception from ``writer`` -- a failed check included -- leaves no file."""
+    atomic.write(dest, writer, prefix=f".{dest.name}.", suffix=".part")
 
 
 def _download_one(url, source, dest):
@@ -79,33 +72,29 @@ def _download_one(url, source, dest):
         response = urlopen(url, timeout=TIMEOUT_S)
     except (OSError, http.client.HTTPException) as e:
         raise FetchOffline(str(getattr(e, "reason", None) or e)) from None
-    tmp = _temp_file(dest)
-    try:
+
+    def receive(f):
         h, n = hashlib.sha256(), 0
-        with response, tmp:
-            total = int(response.headers.get("Content-Length") or source.size)
-            with _progress(total, dest.name) as bar:
-                while True:
-                    try:
-                        chunk = response.read(CHUNK_BYTES)
-                    except (OSError, http.client.HTTPException) as e:
-                        raise FetchOffline(f"connection lost after {n} bytes ({e})") from None
-                    if not chunk:
-                        break
-                    tmp.write(chunk)
-                    h.update(chunk)
-                    n += len(chunk)
-                    bar.update(len(chunk))
-            tmp.flush()
-            os.fsync(tmp.fileno())
+        total = int(response.headers.get("Content-Length") or source.size)
+        with _progress(total, dest.name) as bar:
+            while True:
+                try:
+                    chunk = response.read(CHUNK_BYTES)
+                except (OSError, http.client.HTTPException) as e:
+                    raise FetchOffline(f"connection lost after {n} bytes ({e})") from None
+                if not chunk:
+                    break
+                f.write(chunk)
+                h.update(chunk)
+                n += len(chunk)
+                bar.update(len(chunk))
         if h.hexdigest() != source.sha256:
             raise _Mismatch(f"{url}: checksum failed: got {n} bytes with SHA-256 "
                             f"{h.hexdigest()}, expected {source.size} bytes with SHA-256 "
                             f"{source.sha256}; discarded")
-        _commit(tmp.name, dest)
-    except BaseException:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise
+
+    with response:
+        _write_atomically(dest, receive)
 
 
 def _download(source, dest, spec, data_dir):
@@ -141,18 +130,9 @@ def _extract_cifar(archive, spec, target):
                 if not member.isfile() or member.size % RECORD_BYTES:
                     raise DataError(f"{archive}: member {member_name} is not a CIFAR-10 batch "
                                     f"({member.size} bytes)")
-                dest = target / filename
-                tmp = _temp_file(dest)
-                try:
-                    with tar.extractfile(member) as src, tmp:
-                        for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
-                            tmp.write(chunk)
-                        tmp.flush()
-                        os.fsync(tmp.fileno())
-                    _commit(tmp.name, dest)
-                except BaseException:
-                    Path(tmp.name).unlink(missing_ok=True)
-                    raise
+                with tar.extractfile(member) as src:
+                    _write_atomically(target / filename,
+                                      lambda f: shutil.copyfileobj(src, f, CHUNK_BYTES))
     except (tarfile.TarError, EOFError, OSError) as e:
         raise DataError(f"{archive}: cannot extract ({e})") from None
 
