@@ -183,13 +183,7 @@ class Timeline:
 
     def events(self, shift_us=0.0):
         """This rank's events as Chrome-trace dicts (ts/dur in microseconds), metadata first."""
-        out = [{"name": "process_name", "ph": "M", "pid": self.rank, "tid": 0,
-                "args": {"name": f"rank {self.rank}"}},
-               {"name": "process_sort_index", "ph": "M", "pid": self.rank, "tid": 0,
-                "args": {"sort_index": self.rank}}]
-        for tname in self._tid_names():
-            out.append({"name": "thread_name", "ph": "M", "pid": self.rank,
-                        "tid": self._tids[tname], "args": {"name": tname}})
+        out = []
         for ph, name, cat, tname, t0_ns, dur_ns, args in self._events:
             ev = {"name": name, "cat": cat, "ph": ph, "pid": self.rank,
                   "tid": self._tid(tname),
@@ -201,17 +195,19 @@ class Timeline:
             if args:
                 ev["args"] = args
             out.append(ev)
-        return out
+        # after the events, which number the thread tracks in order of first use
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "tid": 0,
+                 "args": {"name": f"rank {self.rank}"}},
+                {"name": "process_sort_index", "ph": "M", "pid": self.rank, "tid": 0,
+                 "args": {"sort_index": self.rank}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
+                  "args": {"name": tname}} for tname, tid in self._tids.items()]
+        return meta + out
 
     def _tid(self, tname):
         if tname not in self._tids:
             self._tids[tname] = len(self._tids)
         return self._tids[tname]
-
-    def _tid_names(self):
-        for _, _, _, tname, _, _, _ in self._events:
-            self._tid(tname)
-        return list(self._tids)
 
     def _payload(self):
         """What one rank sends to rank 0: plain, picklable, no numpy."""
