@@ -7,7 +7,7 @@ root, ...) -- plus any local validation error, and the ranks compare those descr
 
 Steady-state cost is one fixed-size MPI_Allgather of a 62-bit fingerprint of the description
 (blake2b, cached per description) plus up to INLINE_BYTES of payload: allreduces that small ride
-in the same message and are reduced locally (collectives.py), so for them the check costs no
+in the same message and are reduced locally (host.py), so for them the check costs no
 extra MPI call at all. Only when fingerprints differ do the ranks allgather their full
 descriptions (pickled; the slow path is the error path) and build the same message naming each
 differing field with the ranks that hold each value. Every rank then raises, before any data
@@ -91,11 +91,7 @@ class Agreement:
         not rely on the payload.
         key: optional hashable summary of (kind, fields, error) for the digest cache.
         Raises CollectiveError (mismatch anywhere) or ValueError (the same local error
-        everywhere).
-
-        Every collective's first MPI call is this fixed-size Allgather, whatever its kind and
-        arguments: ranks that disagree still make matching MPI calls, so they can learn that
-        they disagree instead of blocking in different collectives.
+        everywhere). The exchange itself: ``exchange``.
         """
         if not self.usable:
             if error is not None:
@@ -164,8 +160,9 @@ class Prepared:
     The fingerprint and the typed views of the payload (in the send buffer, and in every rank's
     received row) are computed here, so a steady-state call is: write ``send``, call the object
     (one Allgather, one comparison), read the returned rows -- no description, no hashing, no
-    slicing (collectives.py caches one per small allreduce). Same message, same fingerprint as
-    ``agree`` with the same fields, so ranks may mix both paths. Needs ``usable(comm)``.
+    slicing (host.py's _Plan keeps one per repeated allreduce). Same message, same fingerprint
+    as the Agreement called with the same fields, so ranks may mix both paths. Needs
+    ``agreement.usable``.
 
     payload: (dtype, shape) of the inline payload, at most INLINE_BYTES, or None.
     """

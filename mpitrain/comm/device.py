@@ -49,7 +49,7 @@ from mpi4py import MPI
 
 from mpitrain.comm import host as host_collectives
 from mpitrain.comm import world
-from mpitrain.comm.build_info import device_count, nccl_built
+from mpitrain.comm.build_info import cuda_built, device_count, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
 from mpitrain.comm.fusion import FusionBuffer
 from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
@@ -188,12 +188,7 @@ def _current_device():
 
 def _nccl_ok():
     from numba import config
-    if config.ENABLE_CUDASIM or not nccl_built():
-        return False
-    try:
-        return device_count() > 0
-    except Exception:  # noqa: BLE001 - any failure means: not usable here
-        return False
+    return not config.ENABLE_CUDASIM and nccl_built() and cuda_built()
 
 
 def cuda_aware_mpi():
