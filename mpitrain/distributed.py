@@ -77,14 +77,13 @@ def _writable_arrays(params):
         # an array as is (NumPy's, CuPy's and Numba's .data are buffers), else a Parameter's .data
         array = (value if isinstance(value, np.ndarray) or on_device(value)
                  else getattr(value, "data", value))
-        if on_device(array):
-            items.append((str(name), array))
-            continue
-        if not isinstance(array, np.ndarray):
-            return [], (f"{name!r} is a {type(value).__name__}, which cannot be written back "
-                        f"in place; pass the model's arrays (model.state_dict()) or Parameters")
-        if not array.flags.writeable:
-            return [], f"{name!r} is a read-only array; it cannot be written back in place"
+        if not on_device(array):
+            if not isinstance(array, np.ndarray):
+                return [], (f"{name!r} is a {type(value).__name__}, which cannot be written "
+                            f"back in place; pass the model's arrays (model.state_dict()) or "
+                            f"Parameters")
+            if not array.flags.writeable:
+                return [], f"{name!r} is a read-only array; it cannot be written back in place"
         items.append((str(name), array))
     return items, None
 

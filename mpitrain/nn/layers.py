@@ -155,10 +155,7 @@ class Flatten(Layer):
 
     def forward(self, x):
         self._shape = tuple(x.shape)
-        features = 1
-        for d in self._shape[1:]:
-            features *= d
-        return x.reshape((self._shape[0], features))
+        return x.reshape((self._shape[0], math.prod(self._shape[1:])))
 
     def backward(self, grad_y, need_input_grad=True):
         return grad_y.reshape(self._shape) if need_input_grad else None
