@@ -57,11 +57,6 @@ from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_av
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
 
 
-def _state():
-    """The global World's device state (the process's GPU; absent until chosen)."""
-    return world.current().device
-
-
 # --- array families -----------------------------------------------------------------------------
 
 class _Family:
@@ -153,7 +148,7 @@ def select_device(local_rank=None):
 
     Call before any device allocation. local_rank defaults to mpitrain's local rank.
     """
-    state = _state()
+    state = world.current().device                  # the process's GPU: the global World's
     if state.get("device") is not None:
         return state["device"]
     count = device_count()
@@ -173,7 +168,7 @@ def select_device(local_rank=None):
 
 def _current_device():
     """This process's GPU id (select_device's, else CuPy's current one), or -1."""
-    dev = _state().get("device")
+    dev = world.current().device.get("device")
     if dev is not None:
         return dev
     if "cupy" in sys.modules:

@@ -161,11 +161,6 @@ def _what(desc):
     return str(desc[0]), fields.get("name") if isinstance(fields, dict) else None
 
 
-def sequence():
-    """Number of agreements this process has entered on the global set."""
-    return record().seq
-
-
 # --- start / stop -----------------------------------------------------------------------------
 
 def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=ANSWER_TIMEOUT_S,

@@ -219,7 +219,7 @@ def test_bucket_allreduces_are_watched_for_stalls():
         seen.append(watchdog.current())
         world.current().ring.Allreduce(MPI.IN_PLACE, flat)
 
-    before = watchdog.sequence()
+    before = watchdog.record().seq
     b = overlap.BucketAllreduce([((3,), np.float64), ((5,), np.float64)], 8, reduce_flat,
                                 {"name": "watched"})
     arrays = [np.ones(3), np.ones(5)]

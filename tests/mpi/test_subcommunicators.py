@@ -103,4 +103,4 @@ def test_collective_numbers_agree_again_after_a_split_half():
     half.Free()
     mt.init(WORLD, threads=None, settings=settings)
     from mpitrain.comm import watchdog
-    assert len(set(mt.allgather_object(watchdog.sequence()))) == 1
+    assert len(set(mt.allgather_object(watchdog.record().seq))) == 1

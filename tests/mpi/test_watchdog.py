@@ -56,17 +56,17 @@ def _threads():
 
 @pytest.mark.timeout(30)
 def test_agree_records_and_clears_the_collective():
-    before = watchdog.sequence()
+    before = watchdog.record().seq
     mt.allreduce(np.ones(3), name="w.x")
     mt.broadcast(np.ones(2), root_rank=0)
     assert watchdog.current() is None
     watchdog.record().enter(("allreduce", {"name": "w.y"}, None))
-    assert watchdog.current() == (watchdog.sequence(), "allreduce", "w.y")
+    assert watchdog.current() == (watchdog.record().seq, "allreduce", "w.y")
     watchdog.record().leave()
     watchdog.record().seq -= 1          # not a real agreement: keep numbers aligned across ranks
     assert watchdog.current() is None
     # one agreement per collective, and only when there is someone to agree with
-    assert watchdog.sequence() - before == (2 if N > 1 else 0)
+    assert watchdog.record().seq - before == (2 if N > 1 else 0)
 
 
 @multi_rank
@@ -85,7 +85,7 @@ def test_late_rank_is_reported_missing(reports, tmp_path_factory):
         if stall.present == present:
             open(signal, "w").close()
     start(report=collect)
-    seq = watchdog.sequence() + 1
+    seq = watchdog.record().seq + 1
     began = time.monotonic()
     if R == 1:
         time.sleep(LATE_S)
@@ -121,7 +121,7 @@ def test_rank_inside_another_collective_is_named(reports):
     """Rank 1 waits in a (simulated) broadcast of its own while the others are in allreduce."""
     start, found = reports
     start()
-    seq = watchdog.sequence() + 1
+    seq = watchdog.record().seq + 1
     if R == 1:
         watchdog.record().enter(("broadcast", {"name": "weights", "root_rank": 0}, None))
         time.sleep(LATE_S)
