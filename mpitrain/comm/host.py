@@ -227,6 +227,12 @@ def _bytes(a):
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
+def _blocks(a, rows):
+    """(byte counts, byte displacements) of consecutive blocks of rows[j] rows like ``a``'s."""
+    nbytes = rows * (a.dtype.itemsize * math.prod(a.shape[1:]))
+    return nbytes, np.concatenate(([0], np.cumsum(nbytes)[:-1]))
+
+
 def allgather(state, x, name=None):
     """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
     comm = state.comm
@@ -237,12 +243,9 @@ def allgather(state, x, name=None):
     rows = np.array([a.shape[0]], np.int64)
     counts = np.empty(comm.Get_size(), np.int64)
     comm.Allgather(rows, counts)
-    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
     out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
-    nbytes = counts * row_bytes
-    displs = np.concatenate(([0], np.cumsum(nbytes)[:-1]))
-    comm.Allgatherv([_bytes(a), MPI.BYTE], [out.reshape(-1).view(np.uint8), (nbytes, displs),
-                                            MPI.BYTE])
+    comm.Allgatherv([_bytes(a), MPI.BYTE],
+                    [out.reshape(-1).view(np.uint8), _blocks(a, counts), MPI.BYTE])
     return out
 
 
@@ -318,13 +321,9 @@ def alltoall(state, x, splits=None, name=None):
     state.agreement("alltoall", fields, err or err2)
     recv_splits = np.empty(size, np.int64)
     comm.Alltoall(send_splits, recv_splits)
-    row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
     out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
-    sb, rb = send_splits * row_bytes, recv_splits * row_bytes
-    sd = np.concatenate(([0], np.cumsum(sb)[:-1]))
-    rd = np.concatenate(([0], np.cumsum(rb)[:-1]))
-    comm.Alltoallv([_bytes(a), (sb, sd), MPI.BYTE],
-                   [out.reshape(-1).view(np.uint8), (rb, rd), MPI.BYTE])
+    comm.Alltoallv([_bytes(a), _blocks(a, send_splits), MPI.BYTE],
+                   [out.reshape(-1).view(np.uint8), _blocks(a, recv_splits), MPI.BYTE])
     return out if splits is None else (out, recv_splits)
 
 
