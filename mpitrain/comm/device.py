@@ -19,8 +19,8 @@ forces one):
            of a node share a GPU: NCCL refuses two ranks on one device.
     mpi    CUDA-aware MPI, when the MPI library says so (MPIX_Query_cuda_support() == 1, asked
            through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1, i.e.
-           CommSettings.cuda_aware_mpi, overrides). The device is synchronised first: MPI reads device memory directly and
-           knows nothing of queued kernels.
+           CommSettings.cuda_aware_mpi, overrides). The device is synchronised first: MPI
+           reads device memory directly and knows nothing of queued kernels.
     host   staging through pinned host buffers around the host allreduce (our ring): copy down,
            reduce, copy up. Always available; the only choice under the CUDA simulator.
 

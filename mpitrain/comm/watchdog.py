@@ -46,8 +46,9 @@ collectives and overlap.py's buckets on one comm thread, in submission order; a 
 made meanwhile queues behind them). overlap.py's buckets call one agreement per step (before
 the first bucket) and mark each bucket allreduce the same way ("allreduce bucket"), so the
 record is always the collective running. A rank waiting in ``mt.join`` (join.py) is not in a
-collective: it has run out of data, and the others may compute for a long time. ``enter`` replaces the description
-by one store (atomic under the GIL): the thread reads a consistent snapshot without a lock.
+collective: it has run out of data, and the others may compute for a long time. ``enter``
+replaces the description by one store (atomic under the GIL): the thread reads a consistent
+snapshot without a lock.
 The sequence number counts a set's agreements and buckets, which its members make in the same
 order, so "#k" names the same collective on every member; numbers start at #1 with each World
 (each ``mt.init``, each ``add_process_set``). A stall in a process set asks only the set's
