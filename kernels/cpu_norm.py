@@ -75,14 +75,10 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
 
 
 @njit(cache=True, nogil=True)
-def _bn_eval_moments(running_mean, running_var, eps, mean, invstd):
+def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
     for ch in range(running_mean.shape[0]):
         mean[ch] = running_mean[ch]
         invstd[ch] = 1.0 / np.sqrt(np.float64(running_var[ch]) + eps)
-
-
-def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
-    _bn_eval_moments(running_mean, running_var, float(eps), mean, invstd)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -123,7 +119,7 @@ def bn_backward_stats(grad_y, x, mean, invstd, stats):
 
 
 @njit(cache=True, nogil=True)
-def _bn_param_grads(stats, grad_weight, grad_bias, accumulate):
+def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
     for ch in range(stats.shape[1]):
         if accumulate:
             grad_weight[ch] += stats[1, ch]
@@ -131,10 +127,6 @@ def _bn_param_grads(stats, grad_weight, grad_bias, accumulate):
         else:
             grad_weight[ch] = stats[1, ch]
             grad_bias[ch] = stats[0, ch]
-
-
-def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
-    _bn_param_grads(stats, grad_weight, grad_bias, bool(accumulate))
 
 
 @njit(cache=True, nogil=True, parallel=True)
