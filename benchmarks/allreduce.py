@@ -16,10 +16,8 @@ timing).
 """
 import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +28,7 @@ from mpitrain.comm import world
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
 import benchdeps  # noqa: E402
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+import benchutil  # noqa: E402
 
 
 def fmt_bytes(n):
@@ -45,19 +36,6 @@ def fmt_bytes(n):
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n} B"
-
-
-def timed(fn, comm):
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def slowest_rank(comm, *values):
-    buf = np.array(values, np.float64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
-    return buf
 
 
 def iterations(nbytes, budget_s):
@@ -90,8 +68,8 @@ def bench_size(comm, nbytes, budget_s):
     sides = [(t_ours, ours), (t_mpi, theirs)]
     for i in range(iters):          # alternate who goes first: neither inherits the other's cache
         for times, fn in (sides if i % 2 == 0 else sides[::-1]):
-            times.append(timed(fn, comm))
-    slowest = slowest_rank(comm, np.median(t_ours), np.median(t_mpi), min(t_ours), min(t_mpi))
+            times.append(benchutil.timed(fn, comm.Barrier))
+    slowest = benchutil.slowest(comm, np.median(t_ours), np.median(t_mpi), min(t_ours), min(t_mpi))
     return (n * 4, iters) + tuple(float(v) for v in slowest)
 
 
@@ -113,8 +91,9 @@ def check_cost(comm, budget_s):
                 mt.init(comm, threads=None, settings=dataclasses.replace(saved, check=on))
                 mt.allreduce_(buf, op=mt.Sum)                           # the plan, made once
                 for _ in range(max(1, iters // rounds)):
-                    times[on].append(timed(lambda: mt.allreduce_(buf, op=mt.Sum), comm))
-        med = slowest_rank(comm, np.median(times[True]), np.median(times[False]))
+                    times[on].append(benchutil.timed(lambda: mt.allreduce_(buf, op=mt.Sum),
+                                                    comm.Barrier))
+        med = benchutil.slowest(comm, np.median(times[True]), np.median(times[False]))
         rows.append({"bytes": nbytes, "with_check_s": float(med[0]),
                      "without_check_s": float(med[1])})
     mt.shutdown()
@@ -148,7 +127,7 @@ def main(argv=None):
         if rank == 0:
             print(f"allreduce: error: {error}", file=sys.stderr)
         return 2
-    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    lo, hi = benchutil.parse_bytes(args.min_bytes), benchutil.parse_bytes(args.max_bytes)
     sizes = [1 << k for k in range(2, 40) if lo <= (1 << k) <= hi]
     results = []
     if rank == 0:
@@ -190,10 +169,8 @@ def main(argv=None):
 
 def write_outputs(args, size, results, cost):
     json_path = args.json or os.path.join(args.out, "allreduce.json")
-    os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump({"ranks": size, "algo": args.algo, "results": results, "check_cost": cost},
-                  f, indent=1)
+    benchutil.write_json(json_path, {"ranks": size, "algo": args.algo, "results": results,
+                                     "check_cost": cost})
     print(f"# wrote {json_path}")
     if args.plot is None:
         return

@@ -20,25 +20,17 @@ the table and writes JSON.
 """
 import argparse
 import datetime
-import json
-import os
 import socket
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+import benchutil
 import mpitrain as mt
 from mpitrain.comm import device, world
 
 REFERENCES = ("cupy-nccl", "torch-nccl", "torch-gloo")
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def shares_gpu(comm):
@@ -114,14 +106,6 @@ def make_references(comm, k, names, shared):
     return refs, skipped
 
 
-def timed(comm, k, fn):
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    k.synchronize()
-    return time.perf_counter() - t0
-
-
 def verify(comm, k, n, fns):
     """Every implementation on integer-valued data against the exact sum; names that failed."""
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -163,7 +147,7 @@ def main(argv=None):
     refs, skipped = make_references(comm, k, args.reference, shared)
     ours = {f"mpitrain-{transport}": lambda buf: mt.allreduce_(buf, op=mt.Sum)}
     sides = {**ours, **refs}
-    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    lo, hi = benchutil.parse_bytes(args.min_bytes), benchutil.parse_bytes(args.max_bytes)
     sizes, s = [], max(4, lo)
     while s <= hi:
         sizes.append(s)
@@ -188,11 +172,10 @@ def main(argv=None):
         order = list(sides)
         for i in range(args.iters + 1):
             for name in (order if i % 2 == 0 else order[::-1]):   # neither always goes first
-                t = timed(comm, k, lambda: sides[name](bufs[name]))
+                t = benchutil.timed(lambda: sides[name](bufs[name]), comm.Barrier, k.synchronize)
                 if i:                                               # call 0 warms up
                     times[name].append(t)
-        med = np.array([np.median(times[name]) for name in sides], np.float64)
-        comm.Allreduce(MPI.IN_PLACE, med, op=MPI.MAX)
+        med = benchutil.slowest(comm, *(np.median(times[name]) for name in sides))
         row = {"bytes": nbytes}
         for name, t in zip(sides, med):
             row[name] = {"s": float(t), "algbw_GBps": nbytes / t / 1e9,
@@ -211,9 +194,7 @@ def main(argv=None):
 
 def write_json(path, doc):
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
+        benchutil.write_json(path, doc)
         print(f"# wrote {path}")
 
 

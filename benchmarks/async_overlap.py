@@ -22,13 +22,13 @@ per rank (``mt.init(threads=1)``), so the computation and the comm thread share 
 the way a training step's would.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import numpy as np
 
+import benchutil
 import mpitrain as mt
 from mpitrain.comm import host, world
 
@@ -70,16 +70,11 @@ class Overlap:
         self.b = rng.standard_normal((MATRIX, MATRIX)) / MATRIX               # (M, M)
         self.reps = 1
         self.comm()                                                           # warm up
-        one = min(self._timed(self.compute) for _ in range(3))
-        target = compute_ms / 1e3 if compute_ms else min(self._timed(self.comm) for _ in range(3))
+        one = min(benchutil.timed(self.compute) for _ in range(3))
+        target = (compute_ms / 1e3 if compute_ms
+                  else min(benchutil.timed(self.comm) for _ in range(3)))
         # every rank must run the same computation: the slowest rank's estimate decides
         self.reps = int(mt.allreduce(np.array([max(1, round(target / one))]), op=mt.Max)[0])
-
-    @staticmethod
-    def _timed(fn):
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
 
     def compute(self):
         c = self.a
@@ -106,8 +101,7 @@ class Overlap:
         times = {k: [] for k in cases}
         for _ in range(rounds):
             for name, fn in cases.items():
-                mt.barrier()
-                times[name].append(_max_over_ranks(self._timed(fn)))
+                times[name].append(_max_over_ranks(benchutil.timed(fn, mt.barrier)))
         return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -158,8 +152,7 @@ def main(argv=None):
             print(f"{str(n) + ' B':<8}" + "".join(f"{f'{m:.1f} ({b:.1f})':>20}"
                                                    for m, b in w.values()))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
+            benchutil.write_json(args.json, result, indent=2)
     return result
 
 

@@ -9,12 +9,11 @@ batches of random indices. The augmented batch is checked against a per-sample N
 once before timing; a mismatch exits 1. One process, one thread: run it with OMP_NUM_THREADS=1.
 """
 import argparse
-import json
 import sys
-import time
 
 import numpy as np
 
+import benchutil
 import mpitrain as mt
 
 CASES = (("fashion-mnist", (1, 28, 28), 2), ("cifar10", (3, 32, 32), 4))
@@ -32,12 +31,7 @@ def reference(images, aug, idx, epoch):
 
 
 def median_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    return 1e3 * float(np.median([benchutil.timed(fn) for _ in range(reps)]))
 
 
 def main(argv=None):
@@ -72,8 +66,7 @@ def main(argv=None):
         print(f"{'x'.join(map(str, r['shape'])):>12} {r['padding']:>3} {r['gather_ms']:>10.3f} "
               f"{r['gather_augment_ms']:>15.3f} {r['augment_ms']:>11.3f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        benchutil.write_json(args.json, rows)
     return 0
 
 

@@ -22,15 +22,13 @@ benchmarks/scaling.py.
 """
 import argparse
 import json
-import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import benchutil
 
 
 def parse_args(argv=None):
@@ -58,8 +56,7 @@ def parse_args(argv=None):
 def run_job(model, n, deterministic, steps, args, folder):
     metrics = Path(folder) / f"{model}-{n}-{int(deterministic)}.jsonl"
     metrics.unlink(missing_ok=True)
-    mpiexec = shlex.split(os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec")))
-    cmd = (["timeout", "-k", "5", str(args.timeout)] + mpiexec
+    cmd = (["timeout", "-k", "5", str(args.timeout)] + benchutil.mpiexec_argv()
            + ["-n", str(n), sys.executable, "-m", "mpitrain", "--model", model,
               "--dataset", "synthetic", "--synthetic-samples", str(args.global_batch * 8),
               "--batch-size", str(args.global_batch // n), "--steps", str(steps),

@@ -16,13 +16,11 @@ flag element by element) is about 25x slower than at 1e-2, and the Numba kernels
 """
 import argparse
 import itertools
-import json
-import os
 import sys
-import time
 
 import numpy as np
 
+import benchutil
 from mpitrain.kernels import cpu
 
 
@@ -34,24 +32,10 @@ def parse_args(argv=None):
     ap.add_argument("--repeat", type=int, default=5, help="calls per timed round")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
     args = ap.parse_args(argv)
-    for name in ("rounds", "repeat"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("rounds", "repeat"))
     if min(args.elements) < 1:
         ap.error(f"--elements must be >= 1, got {min(args.elements)}")
     return args
-
-
-def best_time(fn, rounds, repeat):
-    """Best over rounds of the mean seconds per call (one untimed call first: JIT, caches)."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeat)
-    return best
 
 
 def cases(n, magnitude):
@@ -102,7 +86,7 @@ def bench(n, magnitude, rounds, repeat):
         for fn in (numba_fn, numpy_fn):
             if reset:   # both start from the same values
                 reset()
-            times.append(best_time(fn, rounds, repeat))
+            times.append(benchutil.best_time(fn, rounds, repeat))
         numba_s, numpy_s = times
         rows.append({"op": name, "elements": n, "magnitude": magnitude, "numba_ms": numba_s * 1e3,
                      "numpy_ms": numpy_s * 1e3, "speedup": numpy_s / numba_s,
@@ -121,10 +105,8 @@ def main(argv=None):
             print(f"  {r['op']:<22}{r['elements']:>10}{r['numba_ms']:>10.3f}"
                   f"{r['numpy_ms']:>10.3f}{r['speedup']:>8.1f}x")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"numpy": np.__version__, "rounds": args.rounds, "repeat": args.repeat,
-                       "results": rows}, f, indent=1)
+        benchutil.write_json(args.json, {"numpy": np.__version__, "rounds": args.rounds,
+                                         "repeat": args.repeat, "results": rows})
         print(f"\nwrote {args.json}")
     return 0
 

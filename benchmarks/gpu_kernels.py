@@ -16,12 +16,12 @@ Without a usable CUDA device (or under NUMBA_ENABLE_CUDASIM=1, where timings mea
 prints one line and exits 2.
 """
 import argparse
-import json
 import os
 import sys
-import time
 
 import numpy as np
+
+import benchutil
 
 FLAVOURS = ("cupy", "numba")
 TARGET = 0.70
@@ -37,9 +37,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="write results to this JSON file")
     ap.add_argument("--out", default=None, help="directory: writes OUT/gpu_kernels.json")
     args = ap.parse_args(argv)
-    for name in ("elements", "gemm", "rounds", "repeat"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("elements", "gemm", "rounds", "repeat"))
     return args
 
 
@@ -65,20 +63,6 @@ def memcpy_d2d(dst, src):
         dst.copy_to_device(src)                            # Numba device array
     else:
         dst.data.copy_from_device(src.data, src.nbytes)    # CuPy
-
-
-def best_time(k, fn, rounds, repeat):
-    """Best over rounds of the mean seconds per call (device synchronised around each round)."""
-    fn()
-    k.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        k.synchronize()
-        best = min(best, (time.perf_counter() - start) / repeat)
-    return best
 
 
 def elementwise_cases(k, n):
@@ -155,11 +139,11 @@ def bench(k, args):
     cases, (a, b, c) = elementwise_cases(k, n)
     check_results(k, a, b, c)
     cases += norm_cases(k, n)
-    copy_s = best_time(k, lambda: memcpy_d2d(c, a), args.rounds, args.repeat)
+    copy_s = benchutil.best_time(lambda: memcpy_d2d(c, a), args.rounds, args.repeat, k.synchronize)
     copy_gbs = 2 * 4 * n / copy_s / 1e9
     rows = []
     for name, fn, nbytes in cases:
-        s = best_time(k, fn, args.rounds, args.repeat)
+        s = benchutil.best_time(fn, args.rounds, args.repeat, k.synchronize)
         gbs = nbytes / s / 1e9
         rows.append({"kernel": name, "ms": s * 1e3, "GB/s": gbs, "of_copy": gbs / copy_gbs})
     g = args.gemm
@@ -167,7 +151,8 @@ def bench(k, args):
     ga = k.to_device(rng.standard_normal((g, g)).astype(np.float32))
     gb = k.to_device(rng.standard_normal((g, g)).astype(np.float32))
     gc = k.empty((g, g), np.float32)
-    gemm_s = best_time(k, lambda: k.gemm(ga, gb, gc), args.rounds, max(1, args.repeat // 5))
+    gemm_s = benchutil.best_time(lambda: k.gemm(ga, gb, gc), args.rounds,
+                                 max(1, args.repeat // 5), k.synchronize)
     return {"backend": k.name, "elements": n, "d2d_copy_GB/s": copy_gbs, "kernels": rows,
             "gemm_n": g, "gemm_ms": gemm_s * 1e3, "gemm_GFLOP/s": 2 * g ** 3 / gemm_s / 1e9}
 
@@ -209,9 +194,7 @@ def main(argv=None):
         print_table(res)
     path = args.json or (os.path.join(args.out, "gpu_kernels.json") if args.out else None)
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+        benchutil.write_json(path, results)
         print(f"\nwrote {path}")
     return 0
 

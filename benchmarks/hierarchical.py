@@ -14,27 +14,16 @@ exact sum (integer-valued float32), on every rank. Rank 0 prints a table and wri
 """
 import argparse
 import dataclasses
-import json
-import os
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+import benchutil
 import mpitrain as mt
 from mpitrain.comm import world
 
 SIZES = [1 << 16, 1 << 20, 8 << 20, 32 << 20]
-
-
-def parse_sizes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    out = []
-    for item in text.split(","):
-        item = item.strip().upper().rstrip("B")
-        out.append(int(float(item[:-1]) * units[item[-1]]) if item[-1] in units else int(item))
-    return out
 
 
 def use(comm, base, hierarchical):
@@ -59,12 +48,9 @@ def bench(comm, base, nbytes, rounds, iters):
             use(comm, base, hierarchical)
             mt.allreduce_(buf, op=mt.Average)                      # warm-up: scratch, JIT
             for _ in range(iters):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                mt.allreduce_(buf, op=mt.Average)
-                times[hierarchical].append(time.perf_counter() - t0)
-    medians = np.array([np.median(times[False]), np.median(times[True])])
-    comm.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
+                times[hierarchical].append(
+                    benchutil.timed(lambda: mt.allreduce_(buf, op=mt.Average), comm.Barrier))
+    medians = benchutil.slowest(comm, np.median(times[False]), np.median(times[True]))
     return float(medians[0]), float(medians[1])
 
 
@@ -79,8 +65,8 @@ def main(argv=None):
     p.add_argument("--json", default="out/bench/hierarchical.json")
     args = p.parse_args(argv)
     try:
-        sizes = parse_sizes(args.sizes)
-    except (ValueError, IndexError):
+        sizes = [benchutil.parse_bytes(item) for item in args.sizes.split(",")]
+    except ValueError:
         p.error(f"--sizes {args.sizes!r}: expected sizes like 64K,1M,8M")
     comm = MPI.COMM_WORLD
     mt.init(comm, threads=None)
@@ -112,11 +98,10 @@ def main(argv=None):
         for r in rows:
             print(f"{r['bytes']:>10} {r['flat_s'] * 1e3:>10.3f} {r['hierarchical_s'] * 1e3:>10.3f} "
                   f"{r['speedup']:>10.2f}")
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"ranks": comm.Get_size(), "nodes": mt.cross_size(),
-                       "ranks_per_node": mt.local_size(), "emulated": bool(args.node_size),
-                       "algo": args.algo, "results": rows}, f, indent=1)
+        benchutil.write_json(args.json, {
+            "ranks": comm.Get_size(), "nodes": mt.cross_size(),
+            "ranks_per_node": mt.local_size(), "emulated": bool(args.node_size),
+            "algo": args.algo, "results": rows})
         print(f"# wrote {args.json}")
     mt.shutdown()
     return 0

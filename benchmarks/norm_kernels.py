@@ -8,26 +8,15 @@ is shared, the minimum is the least disturbed), with ns per element and the rati
 One Numba thread and one BLAS thread, the one-thread-per-rank setting.
 """
 import argparse
-import json
 import os
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
 
+import benchutil  # noqa: E402
 from mpitrain.kernels import cpu as k  # noqa: E402
-
-
-def best_ms(fn, *args, repeat=20):
-    fn(*args)                                            # compile / warm the caches
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
 
 
 def main(argv=None):
@@ -68,14 +57,13 @@ def main(argv=None):
     print(f"shape {x.shape} float32, {x.size} elements, best of {args.repeat}")
     print(f"{'kernel':26s} {'ms':>8s} {'ns/elem':>8s} {'x copy':>7s}")
     for name, fn, fargs in cases:
-        ms = best_ms(fn, *fargs, repeat=args.repeat)
+        ms = 1e3 * benchutil.best_time(lambda: fn(*fargs), args.repeat)
         floor = floor or ms
         rows.append({"kernel": name, "ms": ms, "ns_per_element": 1e6 * ms / x.size,
                      "vs_copy": ms / floor})
         print(f"{name:26s} {ms:8.3f} {1e6 * ms / x.size:8.3f} {ms / floor:7.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"shape": list(x.shape), "rows": rows}, f, indent=1)
+        benchutil.write_json(args.json, {"shape": list(x.shape), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ steps), so the ratio holds on a noisy machine. Reported: the median step time of
 The loop is the byo_loop.md one on synthetic data (no files needed).
 """
 import argparse
-import json
-import time
 
 import numba
 import numpy as np
 
+import benchutil
 import mpitrain as mt
 from mpitrain import threads
 
@@ -29,9 +28,7 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="rounds per setting (alternating)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     args = ap.parse_args(argv)
-    for name in ("batch", "steps", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("batch", "steps", "rounds"))
     return args
 
 
@@ -76,9 +73,7 @@ def main(argv=None):
                 step(i)                                                     # warm-up
             mt.barrier()
             for i in range(args.steps):
-                start = time.perf_counter()
-                step(i)
-                times[name].append(time.perf_counter() - start)
+                times[name].append(benchutil.timed(lambda: step(i)))
     slowest = {name: np.max(mt.allgather_object(t), axis=0) for name, t in times.items()}
     result = {"ranks": mt.size(), "model": args.model, "batch": args.batch,
               "cores": threads.cores(),
@@ -91,8 +86,7 @@ def main(argv=None):
             print(f"  {name:18s} {value:8.1f} ms")
         print(f"  defaults / budget  {ms['library defaults'] / ms['mt.init budget']:8.2f}x")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
+            benchutil.write_json(args.json, result, indent=2)
     return result
 
 

@@ -57,26 +57,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
 import benchdeps  # noqa: E402
+from benchutil import REPO, check_positive, mpiexec_argv, usable_cores, write_text  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20", "resnet32", "resnet56")   # config.MODELS
 REQUIRED = ("samples_per_sec", "step_time_ms", "comm_time_ms", "ranks", "steps")
 
 
 class ScalingError(RuntimeError):
     """A sweep point failed or returned a value that cannot be right; the message is one line."""
-
-
-def usable_cores():
-    """Cores this process may run on (affinity mask when the OS has one, else the CPU count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def mpiexec_argv():
-    return shlex.split(os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec")))
 
 
 def per_rank_batch(mode, batch, n):
@@ -351,17 +339,6 @@ def run_ceiling(n, model, args, runs_dir, repeat):
     return sum(float(read_summary(m)["samples_per_sec"]) for _, m, _ in jobs)
 
 
-def write_text(path, text):
-    """Print ``text`` (path "-") or write it to ``path``."""
-    if path == "-":
-        print()
-        print(text, end="")
-    else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
-        print(f"wrote {path}", file=sys.stderr)
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -383,9 +360,7 @@ def parse_args(argv=None):
     ap.add_argument("extra", nargs=argparse.REMAINDER,
                     help="after --: more flags for python -m mpitrain")
     args = ap.parse_args(argv)
-    for name in ("steps", "batch_size", "repeat", "timeout"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive(ap, args, ("steps", "batch_size", "repeat", "timeout"))
     if any(n < 1 for n in args.ranks):
         ap.error(f"--ranks must be >= 1, got {args.ranks}")
     if args.extra and args.extra[0] == "--":
@@ -434,6 +409,8 @@ def main(argv=None):
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, best of {args.repeat})"
               f"\n\n{format_markdown(best)}\n")
         write_text(args.markdown, md)
+        if args.markdown != "-":
+            print(f"wrote {args.markdown}", file=sys.stderr)
     doc = {"benchmark": "scaling", "mode": args.mode, "dataset": args.dataset,
            "steps": args.steps, "batch_size_arg": args.batch_size, "repeat": args.repeat,
            "cores": cores, "host": platform.node(), "mpiexec": mpiexec_argv(),

@@ -18,6 +18,7 @@ OpenBLAS/OpenMP/MKL environment variables, then given out as the trainer gives t
 (``mpitrain.threads.configure``: BLAS and the convolution's gathered path n, Numba one).
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
 import benchdeps  # noqa: E402
+import benchutil  # noqa: E402
 
 MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20")
 # The ResNet runs on Fashion-MNIST-sized input here (issue 11's target); the zoo's default is
@@ -61,9 +63,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="write results to this JSON file")
     ap.add_argument("--out", default=None, help="directory: writes OUT/step.json")
     args = ap.parse_args(argv)
-    for name in ("batch", "threads", "steps", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("batch", "threads", "steps", "rounds"))
     if args.clock == "cpu" and args.device != "cpu":
         ap.error("--clock cpu measures host CPU time: use it with --device cpu")
     return args
@@ -230,6 +230,31 @@ def torch_step(name, batch, threads, device="cpu"):
     return step, torch.__version__
 
 
+def mpitrain_step(name, args, k, rng):
+    """The zoo model ``name``'s training step on one random batch of ``rng``, in three parts:
+    (forward -> loss, backward, update: SGD and zeroed gradients)."""
+    import numpy as np
+
+    import mpitrain as mt
+    dtype = np.dtype(args.dtype)
+    model = mt.models.get(name, seed=0, dtype=dtype, kernels=k, **MODEL_KW.get(name, {}))
+    loss = mt.nn.SoftmaxCrossEntropy(kernels=k)
+    opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = k.to_device(rng.standard_normal((args.batch,) + model.input_shape).astype(dtype))
+    y = k.to_device(rng.integers(0, 10, args.batch).astype(np.int64))
+
+    def forward():
+        return loss.forward(model.forward(x), y)
+
+    def backward():
+        model.backward(loss.backward())
+
+    def update():
+        opt.step()
+        opt.zero_grad()
+    return forward, backward, update
+
+
 def rss_child(args):
     """--rss-child: train the one model warmup + steps steps, print the peak RSS (JSON; Linux)."""
     name = args.model[0]
@@ -238,24 +263,14 @@ def rss_child(args):
     else:
         import numpy as np
 
-        import mpitrain as mt
         from mpitrain import kernels as registry, threads
         threads.configure(args.threads)
         k = registry.get(args.device, args.kernels)
-        rng = np.random.default_rng(0)
-        model = mt.models.get(name, seed=0, dtype=np.dtype(args.dtype), kernels=k,
-                              **MODEL_KW.get(name, {}))
-        loss = mt.nn.SoftmaxCrossEntropy(kernels=k)
-        opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x = k.to_device(rng.standard_normal((args.batch,) + model.input_shape)
-                        .astype(args.dtype))
-        y = k.to_device(rng.integers(0, 10, args.batch).astype(np.int64))
+        parts = mpitrain_step(name, args, k, np.random.default_rng(0))
 
         def step():
-            loss.forward(model.forward(x), y)
-            model.backward(loss.backward())
-            opt.step()
-            opt.zero_grad()
+            for part in parts:
+                part()
             k.synchronize()
     for _ in range(args.warmup + args.steps):
         step()
@@ -291,7 +306,6 @@ def main(argv=None):
         sys.exit(2)
     import numpy as np
 
-    import mpitrain as mt
     from mpitrain import kernels as registry, threads
 
     threads.configure(args.threads)
@@ -301,12 +315,8 @@ def main(argv=None):
 
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    def timed(fn):
-        k.synchronize()
-        t = clock()
-        fn()
-        k.synchronize()
-        return clock() - t
+    timed = functools.partial(benchutil.timed, before=k.synchronize, after=k.synchronize,
+                              clock=clock)
 
     # Square sgemm: the BLAS reference speed for this run.
     n = 1024
@@ -325,21 +335,7 @@ def main(argv=None):
               f"{'step/peak':>9s}")
     print(header)
     for name in args.model:
-        model = mt.models.get(name, seed=0, dtype=dtype, kernels=k, **MODEL_KW.get(name, {}))
-        loss = mt.nn.SoftmaxCrossEntropy(kernels=k)
-        opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x = k.to_device(rng.standard_normal((args.batch,) + model.input_shape).astype(dtype))
-        y = k.to_device(rng.integers(0, 10, args.batch).astype(np.int64))
-
-        def forward():
-            loss.forward(model.forward(x), y)
-
-        def backward():
-            model.backward(loss.backward())
-
-        def update():
-            opt.step()
-            opt.zero_grad()
+        forward, backward, update = mpitrain_step(name, args, k, rng)
 
         def full_step():
             forward()
@@ -375,7 +371,7 @@ def main(argv=None):
                 b.append(timed(backward))
                 u.append(timed(update))
             g = [timed(gemms) for _ in range(args.steps)]
-            lv = loss.forward(model.forward(x), y)
+            lv = forward()
             if not np.isfinite(lv):
                 raise SystemExit(f"{name}: loss is {lv} after training steps; the step is broken")
             fwd, bwd, upd = (float(np.median(v)) for v in (f, b, u))
@@ -432,11 +428,9 @@ def main(argv=None):
                     print(f"{'':12s}{ms:8.2f}  {key}")
     paths = [args.json] if args.json else []
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
         paths.append(os.path.join(args.out, "step.json"))
     for path in paths:
-        with open(path, "w") as fh:
-            json.dump(dict(argv=sys.argv[1:], results=results), fh, indent=1)
+        benchutil.write_json(path, dict(argv=sys.argv[1:], results=results))
         print(f"wrote {path}")
     return results
 

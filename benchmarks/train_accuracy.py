@@ -10,10 +10,11 @@ shuffle per epoch, the last partial batch included. Exits 1 when the final test 
 exits 2 with one line when the dataset or the backend is missing.
 """
 import argparse
-import json
 import os
 import sys
 import time
+
+import benchutil
 
 TARGETS = {"mlp": 0.85, "lenet": 0.88}
 
@@ -35,9 +36,7 @@ def parse_args(argv=None):
     ap.add_argument("--kernels", default=None, help="kernel flavour (registry): numba | cupy")
     ap.add_argument("--json", default=None, help="write the result to this JSON file")
     args = ap.parse_args(argv)
-    for name in ("epochs", "batch", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("epochs", "batch", "threads"))
     return args
 
 
@@ -111,8 +110,7 @@ def main(argv=None):
                   threads=args.threads, test_acc=history[-1]["test_acc"], target=target,
                   total_s=time.perf_counter() - t_start, history=history)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        benchutil.write_json(args.json, result)
     ok = result["test_acc"] >= target
     print(f"final test accuracy {result['test_acc']:.4f} (target {target:.2f}): "
           f"{'OK' if ok else 'BELOW TARGET'}")

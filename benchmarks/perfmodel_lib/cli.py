@@ -6,12 +6,12 @@ is installed: benchdeps.py).
 """
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
 import benchdeps
+import benchutil
 
 from .errors import ModelError
 from .fitting import fit, fit_mpi, per_byte
@@ -36,13 +36,6 @@ def parse_range(text):
     if lo > hi:
         raise ModelError(f"--fit-bytes {text!r}: LO > HI")
     return lo, hi
-
-
-def usable_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def parse_args(argv=None):
@@ -116,7 +109,7 @@ def main(argv=None):
             from mpitrain.comm.settings import CommSettings
             threshold = CommSettings().ring_threshold_bytes             # the default
         nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
-        rows, cores = [], args.cores or usable_cores()
+        cores = args.cores or benchutil.usable_cores()
         sweep, points = load_scaling(args.scaling) if args.scaling else ({}, [])
         # Like with like: predict the sweep's points as its jobs ran (their recorded flags).
         settings = sweep_settings(sweep)
@@ -146,11 +139,7 @@ def main(argv=None):
         md = (f"`{shlex.join(['python'] + sys.argv)}`\n\n"
               + format_report(fitted, mu, nets, proj, rows, args.model, markdown=True,
                               mpi=mpi, plans=plans, val_plans=val_plans) + "\n")
-        if args.markdown == "-":
-            print("\n" + md, end="")
-        else:
-            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.markdown).write_text(md)
+        benchutil.write_text(args.markdown, md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "perfmodel", "fit": fitted, "mpi_fit": mpi, "copy_s_per_byte": mu,

@@ -38,6 +38,8 @@ import sys
 
 import numpy as np
 
+import benchutil
+
 from .errors import ModelError
 from .network import parse_link
 
@@ -80,16 +82,10 @@ def compare(sizes, nodes, per_node, intra, inter, gamma=0.0, shared_link=True):
 
 
 def _sizes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    out = []
-    for item in text.split(","):
-        item = item.strip().upper().rstrip("B")
-        try:
-            out.append(int(float(item[:-1]) * units[item[-1]]) if item[-1:] in units
-                       else int(item))
-        except (ValueError, IndexError):
-            raise ModelError(f"--sizes {text!r}: expected sizes like 4K,1M,64M") from None
-    return out
+    try:
+        return [benchutil.parse_bytes(item) for item in text.split(",")]
+    except ValueError:
+        raise ModelError(f"--sizes {text!r}: expected sizes like 4K,1M,64M") from None
 
 
 def _seconds_per_byte(text):

@@ -11,10 +11,11 @@ spellings listed there), and timings of the local reduce and copy kernels (``mea
   choose the plan for the validation, whatever perfmodel.py's own ``--no-overlap`` says.
 """
 import json
-import time
 from pathlib import Path
 
 import numpy as np
+
+import benchutil
 
 from .errors import ModelError
 
@@ -210,15 +211,6 @@ def sweep_settings(doc):
     return {"overlap": overlap, "fusion_threshold_bytes": value}
 
 
-def _best_time(fn, repeat):
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def measure_local(sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeat=7):
     """Timings of the reduce kernel (float32 sum, as the ring runs it) and of a copy, per size:
     ([(bytes, s)], [(bytes, s)])."""
@@ -227,8 +219,6 @@ def measure_local(sizes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeat=7)
     for nbytes in sizes:
         a = np.ones(nbytes // 4, np.float32)                           # (n/4,)
         b = np.ones(nbytes // 4, np.float32)                           # (n/4,)
-        reduce_into(a, b, "sum")                                       # JIT outside the clock
-        copy(a, b)
-        red.append((float(nbytes), _best_time(lambda: reduce_into(a, b, "sum"), repeat)))
-        cop.append((float(nbytes), _best_time(lambda: copy(a, b), repeat)))
+        red.append((float(nbytes), benchutil.best_time(lambda: reduce_into(a, b, "sum"), repeat)))
+        cop.append((float(nbytes), benchutil.best_time(lambda: copy(a, b), repeat)))
     return red, cop

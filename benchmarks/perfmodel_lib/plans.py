@@ -1,6 +1,8 @@
 """The model's workload: a zoo model's gradients in the buckets the trainer reduces them in,
 planned by mpitrain/comm/buckets.py as comm/fusion.py (``--no-overlap``) or comm/overlap.py
 (the default) plan them, with each overlapped bucket's ready time in backward."""
+import dataclasses
+
 import numpy as np
 
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
@@ -32,23 +34,19 @@ def _byte_plan(tensor_bytes, threshold, consecutive):
     return [(b.total, len(b.entries)) for b in buckets]
 
 
+@dataclasses.dataclass
 class OverlapPlan:
     """The overlapped trainer's buckets: ``buckets`` = [(bytes, tensors, ready)], in the order
     the comm thread runs them, ``ready`` = fraction of backward done when the bucket's last
     gradient is final; ``backward_share`` = backward's fraction of the compute time."""
+    buckets: list
+    backward_share: float
 
-    def __init__(self, buckets, backward_share):
-        if not 0 < backward_share <= 1:
-            raise ModelError(f"backward share {backward_share!r}: must be in (0, 1]")
-        self.buckets = [(float(nb), int(c), float(r)) for nb, c, r in buckets]
-        self.backward_share = float(backward_share)
-
-    def __eq__(self, other):
-        return (isinstance(other, OverlapPlan) and self.buckets == other.buckets
-                and self.backward_share == other.backward_share)
-
-    def __repr__(self):
-        return f"OverlapPlan({self.buckets!r}, backward_share={self.backward_share!r})"
+    def __post_init__(self):
+        if not 0 < self.backward_share <= 1:
+            raise ModelError(f"backward share {self.backward_share!r}: must be in (0, 1]")
+        self.buckets = [(float(nb), int(c), float(r)) for nb, c, r in self.buckets]
+        self.backward_share = float(self.backward_share)
 
     def to_json(self):
         return {"overlap": True, "backward_share": self.backward_share,
@@ -111,13 +109,13 @@ def default_threshold(overlap):
     return DEFAULT_THRESHOLD_BYTES
 
 
-def make_plans(models, overlap, threshold, shares, batch, threads=None):
+def make_plans(models, overlap, threshold, shares, batch):
     """{model: plan} for the trainer with or without overlap (threshold None: its default)."""
     threshold = default_threshold(overlap) if threshold is None else threshold
     if not overlap:
         return {m: fusion_plan(gradient_tensor_bytes(m), threshold) for m in models}
     return {m: OverlapPlan(overlap_buckets(backward_layers(m, batch), threshold),
-                           backward_share(shares.get(m), batch, threads)) for m in models}
+                           backward_share(shares.get(m), batch)) for m in models}
 
 
 def plan_json(plan):
