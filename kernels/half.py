@@ -48,14 +48,12 @@ _TWO_M24 = np.float32(2.0 ** -24)    # value of the half subnormal unit
 
 @intrinsic
 def float32_from_bits(typingctx, bits):
-    """The float32 whose bit pattern is the low 32 bits of an integer (a register bitcast)."""
-    if not isinstance(bits, types.Integer):
+    """The float32 whose bit pattern is an int32 (a register bitcast)."""
+    if bits != types.int32:
         return None
 
     def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else \
-            builder.zext(args[0], ir.IntType(32)) if bits.bitwidth < 32 else args[0]
-        return builder.bitcast(low, ir.FloatType())
+        return builder.bitcast(args[0], ir.FloatType())
     return types.float32(bits), codegen
 
 
