@@ -10,10 +10,11 @@ import numpy as np
 
 from mpitrain import autotune
 from mpitrain.accumulation import PassCount
-from mpitrain.comm import collectives, overlap
+from mpitrain.comm import collectives, handles, overlap
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.engine import allreduce_flat
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+from mpitrain.comm.handles import current_timeline
 # ops.on_device, not comm/device.py's test: importing device.py here would load it in every
 # process, GPU or not
 from mpitrain.comm.ops import on_device
@@ -293,18 +294,13 @@ class DistributedOptimizer:
         reports inside ``no_sync()`` are not counted (accumulation.py). Between this hook and
         ``step()`` the caller must make no MPI calls (the comm thread owns MPI).
         """
-        if self._tree is not None:        # deterministic: count, and keep each pass as a leaf
-            for p in params:
-                slot = self._slot.get(id(p))
-                if slot is not None:
-                    self._passes.report(slot)
-            self._tree.report(params)
-            return
-        buckets = self._bucket_allreduce()
+        buckets = self._bucket_allreduce()      # None with deterministic=True
         for p in params:
             slot = self._slot.get(id(p))
             if slot is not None and self._passes.report(slot) and buckets is not None:
                 buckets.ready(slot, p.grad)
+        if self._tree is not None:        # deterministic: keep each pass as a leaf
+            self._tree.report(params)
 
     def no_sync(self):
         """``with opt.no_sync(): ...``: backward passes inside add to ``.grad`` locally, are not
@@ -348,8 +344,8 @@ class DistributedOptimizer:
         several = self.process_set.size() > 1   # the average of one: nothing to do
         if several:
             start = time.perf_counter()
-            _timeline().cycle()           # mt.start_timeline(path, mark_cycles=True)
-            with _timeline().span("synchronize", cat="comm"):
+            current_timeline().cycle()           # mt.start_timeline(path, mark_cycles=True)
+            with current_timeline().span("synchronize", cat="comm"):
                 self._average_gradients()
             self.comm_time_s += time.perf_counter() - start
         # checked after the average, so that ranks at different counts made the same calls
@@ -357,10 +353,10 @@ class DistributedOptimizer:
         try:
             if several:
                 # behind whatever is in flight (another optimizer's buckets)
-                overlap.run_in_order(world_of(self.process_set, "DistributedOptimizer").agreement,
-                                     "DistributedOptimizer.step",
-                                     {"backward_passes_per_step": self.backward_passes_per_step},
-                                     error)
+                handles.ordered(world_of(self.process_set, "DistributedOptimizer").agreement,
+                                "DistributedOptimizer.step",
+                                {"backward_passes_per_step": self.backward_passes_per_step},
+                                error)
             elif error is not None:
                 raise ValueError(error)
         except (ValueError, CollectiveError):
@@ -391,7 +387,7 @@ class DistributedOptimizer:
             raise
         self._passes.reset()
         scale = 1.0 / state.size if self.op is collectives.Average else 1.0
-        with _timeline().span("synchronize", cat="comm"):
+        with current_timeline().span("synchronize", cat="comm"):
             tree.reduce(state.ring, scale)
         self.comm_time_s += time.perf_counter() - start
         self._synchronized = True
@@ -466,7 +462,7 @@ class DistributedOptimizer:
         if self.process_set.size() == 1:
             return
         start = time.perf_counter()
-        with _timeline().span("average_weights", cat="comm"):
+        with current_timeline().span("average_weights", cat="comm"):
             collectives.grouped_allreduce_([p.data for p in self.params], op=collectives.Average,
                                            name="DistributedOptimizer.weights",
                                            fusion_threshold_bytes=self.fusion_threshold_bytes,
@@ -532,12 +528,6 @@ def _check_deterministic(average, compression, predivide, passes, process_set):
     size = process_set.size()
     if size is not None:
         check_ranks(size)
-
-
-def _timeline():
-    # Imported late: `python -m mpitrain.timeline` must not find the module already loaded.
-    from mpitrain import timeline
-    return timeline.current()
 
 
 def _parameter_names(params, named_parameters):

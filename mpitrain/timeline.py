@@ -131,14 +131,6 @@ class Timeline:
         self._origin_wall_us = time.time_ns() / 1e3
         self._closed = False
 
-    @classmethod
-    def from_env(cls, rank=0, path=None, environ=None):
-        """A timeline at ``path`` if given, else at $MPITRAIN_TIMELINE if set (non-empty)."""
-        env = os.environ if environ is None else environ
-        if path is None:
-            path = env.get(ENV_VAR) or None
-        return cls(path, rank)
-
     # --- recording ---------------------------------------------------------------------------
 
     def span(self, name, cat="compute", tid="main", **args):

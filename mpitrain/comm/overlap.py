@@ -44,19 +44,6 @@ from mpitrain.kernels import cpu
 STEP_KIND = "allreduce buckets"     # the per-step agreement's kind
 
 
-def run_in_order(fn, *args):
-    """``fn(*args)`` after every bucket allreduce already handed to the comm thread; its result.
-
-    A collective issued from the caller's thread while buckets are in flight would race the comm
-    thread on the same communicator (two threads, two orders, a hang). This queues ``fn`` on the
-    comm thread behind them instead and waits, so every rank runs the buckets and ``fn`` in the
-    same order: the way to make a collective from inside backward (SyncBatchNorm's sums). With
-    nothing in flight ``fn`` runs here. (Every blocking collective now goes through the same
-    handles.ordered, so this is that call under the name SyncBatchNorm uses.)
-    """
-    return handles.ordered(fn, *args)
-
-
 class _Bucket:
     """A planned bucket (buckets.Bucket) in flight: its index in the plan and its buffer."""
 

@@ -69,10 +69,6 @@ class Augment:
         self.seed = int(seed)
         self.fill = np.asarray(0.0 if fill is None else fill, np.float32)  # () or (C,)
 
-    @property
-    def active(self):
-        return self.padding > 0 or self.flip
-
     def choices(self, indices, epoch):
         """(dy, dx, flipped) for each sample index: int64 (b,), int64 (b,), bool (b,)."""
         key = mix64(mix64((self.seed + _GOLDEN) & _MASK) ^ ((int(epoch) * _GOLDEN) & _MASK))

@@ -179,15 +179,6 @@ def test_disabled_is_shared_noop(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_from_env(tmp_path):
-    assert not Timeline.from_env(environ={}).enabled
-    assert not Timeline.from_env(environ={"MPITRAIN_TIMELINE": ""}).enabled
-    tl = Timeline.from_env(2, environ={"MPITRAIN_TIMELINE": str(tmp_path / "e.json")})
-    assert tl.enabled and tl.rank == 2 and tl.path.endswith("e.json")
-    flag = Timeline.from_env(0, path="flag.json", environ={"MPITRAIN_TIMELINE": "env.json"})
-    assert flag.path == "flag.json"                    # the flag wins over the env
-
-
 def test_bad_arguments():
     with pytest.raises(ValueError, match="rank"):
         Timeline(None, rank=-1)
