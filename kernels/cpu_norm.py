@@ -18,20 +18,15 @@ order is still fixed by the compiled code, so reruns give the same bits.
 import numpy as np
 from numba import njit, prange
 
+from mpitrain.kernels import norm_shape
 
-def _ncl(a):
+
+def _ncl(kind, a):
     """(N, C, L) view of a contiguous (N, C) or (N, C, H, W) array."""
-    if a.ndim not in (2, 4):
-        raise ValueError(f"expected an (N, C) or (N, C, H, W) array, got shape {a.shape}")
+    shape = norm_shape.ncl(kind, a.shape)
     if not a.flags.c_contiguous:
         raise ValueError("batch-norm kernels need C-contiguous arrays")
-    n, c = a.shape[0], a.shape[1]
-    return a.reshape((n, c, a.size // (n * c) if n * c else 1))
-
-
-def _check_stats(stats, c):
-    if stats.shape != (2, c) or stats.dtype != np.float64:
-        raise ValueError(f"stats must be (2, {c}) float64, got {stats.shape} {stats.dtype}")
+    return a.reshape(shape)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
@@ -49,8 +44,8 @@ def _bn_stats(x, stats):
 
 
 def bn_stats(x, stats):
-    x3 = _ncl(x)                                                        # (N, C, L)
-    _check_stats(stats, x3.shape[1])
+    x3 = _ncl("bn_stats", x)                                            # (N, C, L)
+    norm_shape.stats("bn_stats", stats, x3.shape[1])
     _bn_stats(x3, stats)
 
 
@@ -68,10 +63,8 @@ def _bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running
 
 
 def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_var):
-    if not count > 0:
-        raise ValueError(f"batch norm needs at least one value per channel, got count {count}")
-    _bn_moments(stats, float(count), float(eps), float(momentum), mean, invstd, running_mean,
-                running_var)
+    _bn_moments(stats, norm_shape.count("bn_moments", count), float(eps), float(momentum), mean,
+                invstd, running_mean, running_var)
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +87,7 @@ def _bn_forward(x, mean, invstd, weight, bias, y):
 
 
 def bn_forward(x, mean, invstd, weight, bias, y):
-    _bn_forward(_ncl(x), mean, invstd, weight, bias, _ncl(y))
+    _bn_forward(_ncl("bn_forward", x), mean, invstd, weight, bias, _ncl("bn_forward", y))
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
@@ -113,9 +106,9 @@ def _bn_backward_stats(grad_y, x, mean, invstd, stats):
 
 
 def bn_backward_stats(grad_y, x, mean, invstd, stats):
-    x3 = _ncl(x)                                                        # (N, C, L)
-    _check_stats(stats, x3.shape[1])
-    _bn_backward_stats(_ncl(grad_y), x3, mean, invstd, stats)
+    x3 = _ncl("bn_backward_stats", x)                                   # (N, C, L)
+    norm_shape.stats("bn_backward_stats", stats, x3.shape[1])
+    _bn_backward_stats(_ncl("bn_backward_stats", grad_y), x3, mean, invstd, stats)
 
 
 @njit(cache=True, nogil=True)
@@ -147,8 +140,9 @@ def _bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
 
 
 def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
-    _bn_backward_input(_ncl(grad_y), _ncl(x), mean, invstd, weight, stats, float(count),
-                       _ncl(grad_x))
+    kind = "bn_backward_input"
+    _bn_backward_input(_ncl(kind, grad_y), _ncl(kind, x), mean, invstd, weight, stats,
+                       float(count), _ncl(kind, grad_x))
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
@@ -163,10 +157,8 @@ def _global_avgpool_forward(x, y):
 
 
 def global_avgpool_forward(x, y):
-    if x.ndim != 4 or y.shape != x.shape[:2]:
-        raise ValueError(f"global_avgpool_forward: x {x.shape} -> y {y.shape}, "
-                         f"expected (N, C, H, W) -> (N, C)")
-    _global_avgpool_forward(_ncl(x), y)
+    norm_shape.pool("global_avgpool_forward", x.shape, y.shape)
+    _global_avgpool_forward(_ncl("global_avgpool_forward", x), y)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -180,19 +172,8 @@ def _global_avgpool_backward(grad_y, grad_x):
 
 
 def global_avgpool_backward(grad_y, grad_x):
-    if grad_x.ndim != 4 or grad_y.shape != grad_x.shape[:2]:
-        raise ValueError(f"global_avgpool_backward: grad_y {grad_y.shape}, grad_x "
-                         f"{grad_x.shape}, expected (N, C) and (N, C, H, W)")
-    _global_avgpool_backward(grad_y, _ncl(grad_x))
-
-
-def _check_shortcut(x, y, stride, offset):
-    n, c, h, w = x.shape
-    oh, ow = -(-h // stride), -(-w // stride)
-    if y.ndim != 4 or y.shape[0] != n or y.shape[2:] != (oh, ow) or y.shape[1] < c + offset \
-            or offset < 0:
-        raise ValueError(f"shortcut: x {x.shape}, y {y.shape}, stride {stride}, offset "
-                         f"{offset}: expected y (N, C2 >= C+offset, {oh}, {ow})")
+    norm_shape.pool("global_avgpool_backward", grad_x.shape, grad_y.shape)
+    _global_avgpool_backward(grad_y, _ncl("global_avgpool_backward", grad_x))
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -211,8 +192,8 @@ def _shortcut_forward(x, y, stride, offset):
 
 
 def shortcut_forward(x, y, stride, offset):
-    _check_shortcut(x, y, stride, offset)
-    _shortcut_forward(x, y, int(stride), int(offset))
+    stride, offset = norm_shape.shortcut("shortcut_forward", x.shape, y.shape, stride, offset)
+    _shortcut_forward(x, y, stride, offset)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -228,5 +209,6 @@ def _shortcut_backward(grad_y, grad_x, stride, offset):
 
 
 def shortcut_backward(grad_y, grad_x, stride, offset):
-    _check_shortcut(grad_x, grad_y, stride, offset)
-    _shortcut_backward(grad_y, grad_x, int(stride), int(offset))
+    stride, offset = norm_shape.shortcut("shortcut_backward", grad_x.shape, grad_y.shape,
+                                         stride, offset, names=("grad_x", "grad_y"))
+    _shortcut_backward(grad_y, grad_x, stride, offset)

@@ -2,21 +2,21 @@
 
 Both GPU backends launch these kernels over flat indices computed from the shapes, so a wrong
 shape would read or write out of bounds instead of raising. The checks, their one-line messages
-and the (N, C, L) view of a BatchNorm input (L = H*W, 1 for BatchNorm1d) live here once. (The CPU
-kernels, kernels/cpu_norm.py, check the same things in their own wrappers.)
+and the (N, C, L) view of a BatchNorm input (L = H*W, 1 for BatchNorm1d) live here once; the CPU
+wrappers (kernels/cpu_norm.py) use the same ones, so all three backends word an error alike.
 """
-import math
-
 import numpy as np
 
 
 def ncl(kind, shape):
     """(N, C, L) of an (N, C) or (N, C, H, W) BatchNorm input; ValueError naming ``kind``."""
-    if len(shape) not in (2, 4):
+    if len(shape) == 2:
+        return shape[0], shape[1], 1
+    if len(shape) != 4:
         raise ValueError(f"{kind}: expected an (N, C) or (N, C, H, W) array, got shape "
                          f"{tuple(shape)}")
-    n, c = shape[0], shape[1]
-    return n, c, (math.prod(shape) // (n * c) if n * c else 1)
+    n, c, h, w = shape
+    return n, c, (h * w if n * c else 1)
 
 
 def same_shape(kind, want, **arrays):
@@ -33,7 +33,7 @@ def per_channel(kind, c, **arrays):
 
 def stats(kind, a, c):
     """``a`` is the (2, C) float64 stats array of the contract."""
-    if tuple(a.shape) != (2, c) or np.dtype(a.dtype) != np.float64:
+    if a.shape != (2, c) or a.dtype != np.float64:
         raise ValueError(f"{kind}: stats must be (2, {c}) float64, got {tuple(a.shape)} "
                          f"{a.dtype}")
 
