@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit
 
 from mpitrain.kernels import cpu_gemm
+from mpitrain.kernels.im2col_shape import out_size
 from mpitrain.kernels.simd import vtranspose8
 
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
@@ -109,10 +110,6 @@ def _matrix(tag, rows, cols, dtype):
     if buf is None or buf.size < rows * cols:
         buf = bufs[key] = np.empty(rows * cols, dtype)
     return buf[:rows * cols].reshape((rows, cols))
-
-
-def _out_size(size, k, stride, pad):
-    return (size + 2 * pad - k) // stride + 1
 
 
 # Per-row layout (any stride): columns of image g, output row i start at g*OH*OW + i*OW. -------
@@ -206,7 +203,7 @@ def _use_wide(w, kw, stride, pad):
 
 def _columns(h, w, kh, kw, stride, pad):
     """(RS, R): columns per output row and per image in the GEMMs."""
-    oh, ow = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
+    oh, ow = out_size(h, kh, stride, pad), out_size(w, kw, stride, pad)
     rs = _wide_dims(h, w, kh, pad)[0] if _use_wide(w, kw, stride, pad) else ow
     return rs, oh * rs
 
@@ -291,7 +288,7 @@ def _windows(chans, h, w, k, pad, stride, images):
     """The gathered operands of a convolution of ``images`` padded (chans, h, w) images in the
     wide layout: (pixels (images*OH*OW,), taps (chans*K*K,))."""
     rs, ch = _wide_dims(h, w, k, pad)
-    oh, ow = _out_size(h, k, stride, pad), _out_size(w, k, stride, pad)
+    oh, ow = out_size(h, k, stride, pad), out_size(w, k, stride, pad)
     pixels = (np.arange(images)[:, None, None] * chans * ch
               + np.arange(oh)[:, None] * (stride * rs) + np.arange(ow) * stride)
     taps = np.arange(chans)[:, None, None] * ch + np.arange(k)[:, None] * rs + np.arange(k)
@@ -421,8 +418,8 @@ class _Plan:
         self.n, self.c, self.h, self.w = x.shape
         self.oc, _, self.kh, self.kw = weight.shape
         self.stride, self.pad, self.dtype, self.weight = stride, pad, x.dtype, weight
-        self.oh, self.ow = _out_size(self.h, self.kh, stride, pad), _out_size(self.w, self.kw,
-                                                                               stride, pad)
+        self.oh, self.ow = out_size(self.h, self.kh, stride, pad), out_size(self.w, self.kw,
+                                                                             stride, pad)
         self.ckk = self.c * self.kh * self.kw
         # Gathered (see above): float32, output channels a multiple of 16, a square kernel with
         # pad < K, at least one six-row block of taps and of pixels.

@@ -2,8 +2,8 @@
 
 Both GPU backends launch their kernels with the output size of the convolution and must refuse a
 ``cols`` buffer of the wrong shape before launching (a kernel would write out of bounds, or
-silently skip elements). The arithmetic and the message live here once. (The CPU kernels are
-``njit`` functions that compute the same sizes inside the kernel.)
+silently skip elements). The arithmetic and the message live here once. (kernels/cpu_conv.py
+plans with ``out_size``; kernels/cpu.py's ``njit`` im2col computes the sizes inside the kernel.)
 """
 
 
