@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -123,37 +124,36 @@ def find_mpiexec(env, work, python, explicit=None, wheels=None):
     (pip --target drops the wheel's lib/ with libmpi), whose bin/ and lib/ join PATH and
     LD_LIBRARY_PATH in `env` (mpi4py finds libmpi there)."""
     tried = []
-    if explicit:
-        why = mpi_works(explicit, env, python)
-        return (explicit, "--mpiexec/$MPIEXEC", tried) if why is None else \
-            (None, None, [why])
-    near = os.path.join(os.path.dirname(python), "mpiexec")
-    for source, path in (("PATH", shutil.which("mpiexec", path=env.get("PATH"))),
-                         ("next to python", near if os.access(near, os.X_OK) else None)):
+
+    def candidates():
+        if explicit:
+            yield "--mpiexec/$MPIEXEC", explicit
+            return
+        near = os.path.join(os.path.dirname(python), "mpiexec")
+        yield "PATH", shutil.which("mpiexec", path=env.get("PATH"))
+        yield "next to python", near if os.access(near, os.X_OK) else None
+        found = sorted(glob.glob(str(REPO / ".whl" / "mpich-*.whl"))) if wheels is None else wheels
+        if not found:
+            tried.append("no mpich wheel in .whl/ (README.md: GPU check)")
+            return
+        prefix = os.path.join(work, "mpich")
+        res = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                              "--no-compile", "--no-cache-dir", "--ignore-installed", "--prefix",
+                              prefix, found[-1]], capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            tried.append(f"pip install {found[-1]}: " + " ".join(res.stderr.split()[-30:]))
+            return
+        env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env.get("PATH", "")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (os.path.join(prefix, "lib"), env.get("LD_LIBRARY_PATH")) if p)
+        yield f"carried wheel {os.path.basename(found[-1])}", os.path.join(prefix, "bin", "mpiexec")
+
+    for source, path in candidates():
         if path:
             why = mpi_works(path, env, python)
             if why is None:
                 return path, source, tried
             tried.append(why)
-    wheels = sorted(glob.glob(str(REPO / ".whl" / "mpich-*.whl"))) if wheels is None else wheels
-    if not wheels:
-        tried.append("no mpich wheel in .whl/ (README.md: GPU check)")
-        return None, None, tried
-    prefix = os.path.join(work, "mpich")
-    res = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                          "--no-compile", "--no-cache-dir", "--ignore-installed", "--prefix",
-                          prefix, wheels[-1]], capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        tried.append(f"pip install {wheels[-1]}: " + " ".join(res.stderr.split()[-30:]))
-        return None, None, tried
-    env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env.get("PATH", "")
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in (os.path.join(prefix, "lib"), env.get("LD_LIBRARY_PATH")) if p)
-    path = os.path.join(prefix, "bin", "mpiexec")
-    why = mpi_works(path, env, python)
-    if why is None:
-        return path, f"carried wheel {os.path.basename(wheels[-1])}", tried
-    tried.append(why)
     return None, None, tried
 
 
@@ -250,34 +250,30 @@ class Plan:
 def plan_nvidia_smi(p):
     query = ("index,name,driver_version,memory.total,compute_cap,clocks.max.sm,"
              "clocks.max.memory,pcie.link.gen.max,pcie.link.width.max,power.limit")
-    return Step("nvidia-smi", [
-        Run("nvidia-smi", ["nvidia-smi"], 60),
-        Run("query", ["nvidia-smi", "--format=csv", f"--query-gpu={query}"], 60,
-            capture=p.w("nvidia-smi.csv"), check=lambda: csv_rows(p.w("nvidia-smi.csv")))])
+    yield Run("nvidia-smi", ["nvidia-smi"], 60)
+    yield Run("query", ["nvidia-smi", "--format=csv", f"--query-gpu={query}"], 60,
+              capture=p.w("nvidia-smi.csv"), check=lambda: csv_rows(p.w("nvidia-smi.csv")))
 
 
 def plan_kernels(p):
     # a flavour that does not load here is skipped by the tests' fixture, with the reason
     only = ["-k", " or ".join(p.opts.flavours)] if len(p.opts.flavours) < len(FLAVOURS) else []
     xml = p.w("kernels.xml")
-    return Step("kernels", [Run("pytest", p.pytest + [f"{p.repo}/{KERNEL_TESTS}"] + only + [
-        f"--junitxml={xml}"], 150 if p.quick else 240,
-        check=lambda: junit(xml, by_flavour=True))], skip=p.no_flavour)
+    yield Run("pytest", p.pytest + [f"{p.repo}/{KERNEL_TESTS}"] + only + [f"--junitxml={xml}"],
+              150 if p.quick else 240, check=lambda: junit(xml, by_flavour=True))
 
 
 def plan_train(p):
-    step = Step("train", skip=p.no_flavour)
     for model in p.opts.models or (("lenet",) if p.quick else MODELS):
         args = [p.py] + p.train_args(model) + p.opts.train_args
         ref = p.w(f"train-{model}-cpu.npz")
-        step.runs.append(Run(f"{model} cpu", args + ["--device", "cpu", "--save", ref], 180))
+        yield Run(f"{model} cpu", args + ["--device", "cpu", "--save", ref], 180)
         for f in p.opts.flavours:
             got = p.w(f"train-{model}-{f}.npz")
-            step.runs.append(Run(f"{model} cuda-{f}", args + [
+            yield Run(f"{model} cuda-{f}", args + [
                 "--device", "cuda", "--kernels", f, "--save", got], 180,
                 check=lambda got=got, ref=ref: compare_npz(got, ref),
-                skip=p.not_usable.get(f)))
-    return step
+                skip=p.not_usable.get(f))
 
 
 def plan_tests_1(p):
@@ -285,9 +281,8 @@ def plan_tests_1(p):
     select = (["-k", "not test_cli_matches_cpu"] if p.quick else
               [] if p.mpiexec else ["-k", "not (test_cli_matches_cpu and 2])"])
     xml = p.w("tests-1.xml")
-    return Step("tests-1", [Run("pytest", p.pytest + p.gpu_tests + select + [
-        f"--junitxml={xml}"], 150 if p.quick else 300, check=lambda: junit(xml))],
-        skip=p.no_flavour)
+    yield Run("pytest", p.pytest + p.gpu_tests + select + [f"--junitxml={xml}"],
+              150 if p.quick else 300, check=lambda: junit(xml))
 
 
 def plan_tests_2(p):
@@ -296,53 +291,44 @@ def plan_tests_2(p):
                 "os.environ.get('OMPI_COMM_WORLD_RANK', '0'); sys.exit(pytest.main(sys.argv[1:] "
                 f"+ ['--junitxml={prefix}-' + r + '.xml']))")
     argv = [p.mpiexec, "-n", "2", p.py, "-c", per_rank] + p.pytest[3:] + p.gpu_tests
-    return Step("tests-2", [Run("mpiexec -n 2 pytest", argv, 150 if p.quick else 300,
-                                check=lambda: junit_ranks(prefix))],
-                skip=p.no_flavour or p.no_mpi)
+    yield Run("mpiexec -n 2 pytest", argv, 150 if p.quick else 300,
+              check=lambda: junit_ranks(prefix))
 
 
 def plan_memcpy(p):
     path = p.w("gpu_kernels.json")
     sizes = ["--elements", str(1 << 24), "--gemm", "2048", "--rounds", "3"] if p.quick else []
-    return Step("memcpy", [Run("gpu_kernels.py", p.script("gpu_kernels.py") + [
-        "--kernels", *p.flavours, "--json", path] + sizes, 180, check=lambda: read_json(path))],
-        skip=p.no_flavour)
+    yield Run("gpu_kernels.py", p.script("gpu_kernels.py") + [
+        "--kernels", *p.flavours, "--json", path] + sizes, 180, check=lambda: read_json(path))
 
 
 def plan_step(p):
-    step = Step("step", skip=p.no_flavour)
     for i, f in enumerate(p.flavours):
         for batch in (64,) if p.quick else (64, 256):
             path = p.w(f"step-{f}-{batch}.json")
             torch = ["--torch"] if i == 0 and p.torch is None else []   # once per batch
-            step.runs.append(Run(f"{f} batch {batch}" + (" +torch" if torch else ""),
-                                 p.script("step.py") + [
+            yield Run(f"{f} batch {batch}" + (" +torch" if torch else ""), p.script("step.py") + [
                 "--device", "cuda", "--kernels", f, "--model", *(p.opts.models or MODELS),
                 "--batch", str(batch), "--json", path] + torch +
                 (["--rounds", "2", "--steps", "5", "--warmup", "2"] if p.quick else []), 240,
-                check=lambda path=path: step_summary(path)))
+                check=lambda path=path: step_summary(path))
     if p.flavours and p.torch is not None:
-        step.runs.append(Run("torch", [], 0, skip=f"no PyTorch CUDA: {p.torch}"))
-    return step
+        yield Run("torch", [], 0, skip=f"no PyTorch CUDA: {p.torch}")
 
 
 def plan_allreduce(p):
-    step = Step("allreduce", skip=p.no_flavour or p.no_mpi)
     bench = p.script("allreduce_device.py") + [
         "--kernels", "cupy" if "cupy" in p.flavours else (p.flavours or ["numba"])[0]] + (
         ["--max-bytes", "16M", "--iters", "5"] if p.quick else [])
     gpus = p.facts.get("gpu_count", 0)
-    for transport in ("host",) if p.quick else ("host", "mpi"):
+    nccl = (f"{gpus} GPU: NCCL needs one rank per GPU and refuses two ranks on one GPU"
+            if gpus < 2 else p.facts.get("nccl"))
+    shared = [(t, 2, "shared GPU", None) for t in (("host",) if p.quick else ("host", "mpi"))]
+    for transport, ranks, where, skip in shared + [("nccl", gpus, "one per GPU", nccl)]:
         path = p.w(f"allreduce-{transport}.json")
-        step.runs.append(Run(f"{transport} 2 ranks, shared GPU", [p.mpiexec, "-n", "2"] + bench + [
+        yield Run(f"{transport} {ranks} ranks, {where}", [p.mpiexec, "-n", str(ranks)] + bench + [
             "--json", path], 240, env={"MPITRAIN_DEVICE_COMM": transport},
-            check=lambda path=path: read_json(path)))
-    path = p.w("allreduce-nccl.json")
-    step.runs.append(Run(f"nccl {gpus} ranks, one per GPU", [p.mpiexec, "-n", str(gpus)] + bench + [
-        "--json", path], 240, env={"MPITRAIN_DEVICE_COMM": "nccl"}, check=lambda: read_json(path),
-        skip=f"{gpus} GPU: NCCL needs one rank per GPU and refuses two ranks on one GPU"
-        if gpus < 2 else p.facts.get("nccl")))
-    return step
+            check=lambda path=path: read_json(path), skip=skip)
 
 
 def plan_timeline(p):
@@ -351,24 +337,28 @@ def plan_timeline(p):
     train = [p.mpiexec, "-n", "2", p.py] + p.train_args(
         "lenet", steps="10" if p.quick else "30", samples="1024", batch="32") + [
         "--device", "cuda", "--kernels", flavour, "--timeline", trace]
-    return Step("timeline", [Run("2-rank training", train, 240),
-                             Run("summary", [p.py, "-m", "mpitrain.timeline", trace], 60)],
-                skip=p.no_flavour or p.no_mpi)
+    yield Run("2-rank training", train, 240)
+    yield Run("summary", [p.py, "-m", "mpitrain.timeline", trace], 60)
 
 
 PLANNERS = dict(zip(STEPS, (plan_nvidia_smi, plan_kernels, plan_train, plan_tests_1,
                             plan_tests_2, plan_memcpy, plan_step, plan_allreduce, plan_timeline)))
+MULTI_RANK = ("tests-2", "allreduce", "timeline")
 
 
 def plan(facts, opts, work, out):
     """The steps, as commands and skip reasons: a function of the facts only (tested)."""
     p = Plan(facts, opts, work, out)
-    steps = [PLANNERS[name](p) for name in STEPS]
+    steps = [Step(name, list(PLANNERS[name](p))) for name in STEPS]
     for s in steps:
         if s.name not in opts.only or s.name in opts.skip_steps:
             s.skip = "not selected (--only/--skip)"
-        elif facts.get("blocker") and s.name != "nvidia-smi":
+        elif s.name == "nvidia-smi":
+            continue
+        elif facts.get("blocker"):
             s.skip = f"python cannot import mpi4py's MPI or mpitrain: {facts['blocker']}"
+        else:       # every other step needs a CUDA kernel flavour, these three 2 MPI ranks too
+            s.skip = p.no_flavour or (p.no_mpi if s.name in MULTI_RANK else None)
     return steps
 
 
@@ -478,10 +468,7 @@ class Report:
         self.doc = dict(header, started=now(), finished=None, steps=[], summary={})
 
     def write(self):
-        counts = {}
-        for s in self.doc["steps"]:
-            counts[s["status"]] = counts.get(s["status"], 0) + 1
-        self.doc["summary"] = counts
+        self.doc["summary"] = dict(Counter(s["status"] for s in self.doc["steps"]))
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.doc, indent=1, default=str))
         os.replace(tmp, self.path)
