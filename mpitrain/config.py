@@ -177,16 +177,13 @@ class Config:
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
-        if not self.lr > 0:
-            raise UsageError(f"--lr {self.lr!r}: must be > 0")
-        if not 0 <= self.momentum < 1:
-            raise UsageError(f"--momentum {self.momentum!r}: must be in [0, 1)")
-        if not self.weight_decay >= 0:
-            raise UsageError(f"--weight-decay {self.weight_decay!r}: must be >= 0")
-        if not 0 <= self.dropout < 1:
-            raise UsageError(f"--dropout {self.dropout!r}: must be in [0, 1)")
-        if not self.warmup_epochs >= 0:
-            raise UsageError(f"--warmup-epochs {self.warmup_epochs!r}: must be >= 0")
+        for name, ok, rule in (("lr", self.lr > 0, "> 0"),
+                               ("momentum", 0 <= self.momentum < 1, "in [0, 1)"),
+                               ("weight_decay", self.weight_decay >= 0, ">= 0"),
+                               ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
+                               ("warmup_epochs", self.warmup_epochs >= 0, ">= 0")):
+            if not ok:
+                raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be {rule}")
         self._validate_recipe()
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             what = "--resume" if self.resume else f"--checkpoint-every {self.checkpoint_every}"

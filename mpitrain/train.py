@@ -106,9 +106,8 @@ def _raw_datasets(config):
     # One draw for both splits, so the test set has the training set's class prototypes.
     full = mt.data.synthetic(config.synthetic_samples + n_test, shape, seed=config.seed)
     cut = config.synthetic_samples
-    split = [type(full)(full.images[s], full.labels[s], full.classes, "synthetic")
-             for s in (slice(0, cut), slice(cut, None))]
-    return split[0], split[1]
+    return tuple(type(full)(full.images[s], full.labels[s], full.classes, "synthetic")
+                 for s in (slice(0, cut), slice(cut, None)))
 
 
 def _check_sizes(config, train_set, test_set, size):
@@ -483,12 +482,12 @@ class Trainer:
         share = self.global_batch // self.size
         return self.sampler.global_indices()[:, self.rank * share:(self.rank + 1) * share]
 
-    def _global_sums(self, local, shards):
-        """(loss sum, correct, samples) over every rank: one allreduce, or with
-        --deterministic the micro-shards' rows added in micro-shard order (the same for any N)."""
-        if shards is None:
-            return mt.allreduce(local, op=mt.Sum)
-        return shards.total(mt.allgather)
+    def _global_means(self, local, shards):
+        """The records' "loss" and "accuracy" of (loss sum, correct, samples) summed over every
+        rank: one allreduce, or with --deterministic the micro-shards' rows added in micro-shard
+        order (the same for any N)."""
+        sums = mt.allreduce(local, op=mt.Sum) if shards is None else shards.total(mt.allgather)
+        return {"loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
 
     def _join_step(self, start, comm_before):
         """End of an --uneven tail step (on a rank with no share: the whole of it): wait in
@@ -517,10 +516,9 @@ class Trainer:
             bar.update(1)
 
     def _log_step(self, metrics):
-        sums = self._global_sums(self.interval, self.interval_shards)
+        means = self._global_means(self.interval, self.interval_shards)
         samples_s, step_ms, comm_ms = self.timing(first=self.interval_start)
-        metrics.write({"event": "step", "step": self.step, "epoch": self.epochs_done(),
-                       "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2],
+        metrics.write({"event": "step", "step": self.step, "epoch": self.epochs_done(), **means,
                        "lr": self.optimizer.lr, "samples_per_sec": samples_s,
                        "step_time_ms": step_ms, "comm_time_ms": comm_ms})
         self.interval[:] = 0
@@ -534,9 +532,8 @@ class Trainer:
             bar.write(f"step {self.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}")
 
     def _log_epoch(self, metrics):
-        sums = self._global_sums(self.epoch_stats, self.epoch_shards)
         record = {"event": "epoch", "epoch": self.epoch, "step": self.step,
-                  "loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
+                  **self._global_means(self.epoch_stats, self.epoch_shards)}
         if self.last_eval_step == self.step:
             record.update(test_accuracy=self.last_eval[0], test_loss=self.last_eval[1])
         metrics.write(record)
