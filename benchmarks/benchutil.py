@@ -83,6 +83,13 @@ def write_text(path, text):
         Path(path).write_text(text)
 
 
+def set_threads(n):
+    """BLAS and Numba threads ``n``: must run before NumPy is imported (BLAS reads these once,
+    at load time)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
 def usable_cores():
     """Cores this process may run on (affinity mask when the OS has one, else the CPU count)."""
     try:

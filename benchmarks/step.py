@@ -69,12 +69,6 @@ def parse_args(argv=None):
     return args
 
 
-def set_threads(n):
-    """Must run before NumPy is imported: BLAS reads these once, at load time."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(n)
-
-
 def gemm_plan(k, step):
     """The GEMMs one training step issues, recorded while ``step()`` runs once:
     [(a_shape, b_shape, trans_a, trans_b, out_shape, times)].
@@ -109,11 +103,8 @@ def gemm_plan(k, step):
 
 
 def gemm_flops(plan):
-    total = 0
-    for a, _, ta, _, out, times in plan:
-        inner = a[0] if ta else a[1]
-        total += 2 * out[0] * out[1] * inner * times
-    return total
+    return sum(2 * out[0] * out[1] * (a[0] if ta else a[1]) * times
+               for a, _, ta, _, out, times in plan)
 
 
 PROFILED = ("gemm", "bias_act", "relu", "relu_backward", "bias_grad", "softmax_xent",
@@ -295,7 +286,7 @@ def peak_rss_mib(args, name, who):
 
 def main(argv=None):
     args = parse_args(argv)
-    set_threads(args.threads)
+    benchutil.set_threads(args.threads)
     if args.rss_child:
         return rss_child(args)
     # --torch asks for the comparison: no PyTorch is bad input, found before the first timing

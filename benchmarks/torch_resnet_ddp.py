@@ -37,7 +37,6 @@ dataset is missing. ``--limit N`` trains on the first N samples only (a quick ch
 """
 import argparse
 import gzip
-import json
 import math
 import os
 import sys
@@ -45,6 +44,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # step.py, also when loaded by path
+import benchutil  # noqa: E402
+
 T_PROCESS = time.perf_counter()
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530          # mpitrain/data/catalog.py, Fashion-MNIST's training split
@@ -246,8 +247,7 @@ def main(argv=None):
                       wall_time_s=wall, process_s=time.perf_counter() - T_PROCESS,
                       history=history)
         if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(result, fh, indent=1)
+            benchutil.write_json(args.json, result)
         print(f"final test accuracy {result['test_acc']:.4f}; {step} steps; wall time "
               f"{wall:.1f} s (training + evaluations), {result['process_s']:.1f} s whole process",
               flush=True)

@@ -10,7 +10,6 @@ shuffle per epoch, the last partial batch included. Exits 1 when the final test 
 exits 2 with one line when the dataset or the backend is missing.
 """
 import argparse
-import os
 import sys
 import time
 
@@ -42,8 +41,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    benchutil.set_threads(args.threads)
     import numpy as np
 
     import mpitrain as mt
