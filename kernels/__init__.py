@@ -40,7 +40,7 @@ Loss
                                           (log-sum-exp); grad = (softmax - onehot) / B
     count_correct(logits, labels) -> int  number of rows whose argmax equals the label
 Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order;
-            device backends' shape check: kernels/im2col_shape.py)
+            device backends' shape check: kernels/host_shape.py)
     im2col(x, cols, kh, kw, stride, pad)  x (N, C, H, W) -> cols (N*OH*OW, C*KH*KW)
     col2im(cols, dx, kh, kw, stride, pad) overwrites dx (N, C, H, W) with the scatter-add of cols
     nhwc_to_nchw(src, dst)                src (N*OH*OW, C) -> dst (N, C, OH, OW)

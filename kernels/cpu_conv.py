@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from mpitrain.kernels import cpu_gemm
-from mpitrain.kernels.im2col_shape import out_size
+from mpitrain.kernels.host_shape import out_size
 from mpitrain.kernels.simd import vtranspose8
 
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the

@@ -16,7 +16,7 @@ line saying what to install or which flag to use; the CLI turns it into exit cod
 """
 import numpy as np
 
-from mpitrain.kernels import dropout_hash, im2col_shape, norm_shape
+from mpitrain.kernels import dropout_hash, host_shape, norm_shape
 
 try:
     import cupy as cp
@@ -57,11 +57,6 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-def _same_size(dst, src, what):
-    if dst.size != src.size:
-        raise ValueError(f"{what}: sizes differ ({dst.size} vs {src.size})")
-
-
 def _s(a, value):
     """``value`` as a scalar of ``a``'s dtype (the kernels' T)."""
     return a.dtype.type(value)
@@ -95,7 +90,7 @@ def fill(a, value):
 
 def copy(dst, src):
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "copy")
+    host_shape.same_size("copy", src, dst)
     cp.copyto(dst, src, casting="unsafe")
 
 
@@ -117,7 +112,7 @@ def scale(a, factor):
 
 def add(dst, src):
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "add")
+    host_shape.same_size("add", src, dst)
     dst += src
 
 
@@ -164,29 +159,25 @@ _relu_backward = cp.ElementwiseKernel(
 
 def bias_act(y, bias, relu):
     y, bias = _dev(y), _dev(bias)
-    if y.ndim != 2 or bias.shape != (y.shape[1],):
-        raise ValueError(f"bias_act: y {y.shape} does not match bias {bias.shape}")
+    host_shape.bias("bias_act", y, bias, ("y", "bias"))
     _bias_act(bias, bool(relu), y)                       # bias (F,) broadcasts over y (B, F)
 
 
 def relu(x, out):
     x, out = _flat(x), _flat(out)
-    _same_size(out, x, "relu")
+    host_shape.same_size("relu", x, out)
     _relu(x, out)
 
 
 def relu_backward(y, grad_out, grad_in):
     y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
-    _same_size(grad_out, y, "relu_backward")
-    _same_size(grad_in, y, "relu_backward")
+    host_shape.same_size("relu_backward", y, grad_out, grad_in)
     _relu_backward(y, grad_out, grad_in)
 
 
 def bias_grad(grad_out, grad_bias):
     grad_out, grad_bias = _dev(grad_out), _dev(grad_bias)
-    if grad_out.ndim != 2 or grad_bias.shape != (grad_out.shape[1],):
-        raise ValueError(f"bias_grad: grad_out {grad_out.shape} does not match "
-                         f"grad_bias {grad_bias.shape}")
+    host_shape.bias("bias_grad", grad_out, grad_bias, ("grad_out", "grad_bias"))
     grad_bias += grad_out.sum(axis=0)                    # (F,)
 
 
@@ -301,29 +292,25 @@ _nchw_to_nhwc = cp.ElementwiseKernel(
 
 def im2col(x, cols, kh, kw, stride, pad):
     x, cols = _dev(x), _dev(cols)
-    c, h, w, oh, ow = im2col_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
+    c, h, w, oh, ow = host_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
     _im2col(x, c, h, w, kh, kw, stride, pad, oh, ow, cols)
 
 
 def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
-    c, h, w, oh, ow = im2col_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
+    c, h, w, oh, ow = host_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
     _col2im(cols, c, h, w, kh, kw, stride, pad, oh, ow, dx)
 
 
 def nhwc_to_nchw(src, dst):
     src, dst = _dev(src), _dev(dst)
-    n, c, h, w = dst.shape
-    if src.shape != (n * h * w, c):
-        raise ValueError(f"nhwc_to_nchw: src {src.shape} != {(n * h * w, c)}")
+    c, h, w = host_shape.layout("nhwc_to_nchw", dst.shape, src, "src")
     _nhwc_to_nchw(src, c, h, w, dst)
 
 
 def nchw_to_nhwc(src, dst):
     src, dst = _dev(src), _dev(dst)
-    n, c, h, w = src.shape
-    if dst.shape != (n * h * w, c):
-        raise ValueError(f"nchw_to_nhwc: dst {dst.shape} != {(n * h * w, c)}")
+    c, h, w = host_shape.layout("nchw_to_nhwc", src.shape, dst, "dst")
     _nchw_to_nhwc(src, c, h, w, dst)
 
 
@@ -391,8 +378,7 @@ _dropout_forward = cp.ElementwiseKernel(
 
 def dropout_forward(x, y, mask, p, seed):
     x, y, mask = _flat(x), _flat(y), _flat(mask)
-    _same_size(y, x, "dropout_forward")
-    _same_size(mask, x, "dropout_forward")
+    host_shape.same_size("dropout_forward", x, y, mask)
     threshold = np.uint32(dropout_hash.keep_threshold(p))
     _dropout_forward(x, threshold, _s(mask, 1.0 / (1.0 - p)),
                      np.uint32(dropout_hash.mix32(int(seed))), y, mask)
@@ -400,8 +386,7 @@ def dropout_forward(x, y, mask, p, seed):
 
 def dropout_backward(grad_y, mask, grad_x):
     grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
-    _same_size(mask, grad_y, "dropout_backward")
-    _same_size(grad_x, grad_y, "dropout_backward")
+    host_shape.same_size("dropout_backward", grad_y, mask, grad_x)
     cp.multiply(grad_y, mask, out=grad_x)
 
 
@@ -432,12 +417,12 @@ _adam = cp.ElementwiseKernel(
 
 def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
     param, grad = _flat(param), _flat(grad)
-    _same_size(grad, param, "sgd_update")
+    host_shape.same_size("sgd_update", param, grad)
     if momentum == 0:                                    # buf unused (and may be None)
         _sgd_plain(grad, _s(param, lr), _s(param, weight_decay), param)
         return
     buf = _flat(buf)
-    _same_size(buf, param, "sgd_update")
+    host_shape.same_size("sgd_update", param, buf)
     _sgd_momentum(grad, _s(param, lr), _s(param, momentum), bool(nesterov),
                   _s(param, weight_decay), param, buf)
 
@@ -446,7 +431,7 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     if step < 1:
         raise ValueError(f"adam_update: step is 1-based, got {step!r}")
     param, grad, m, v = _flat(param), _flat(grad), _flat(m), _flat(v)
-    _same_size(grad, param, "adam_update")
+    host_shape.same_size("adam_update", param, grad)
     # PyTorch: step_size = lr / (1 - b1^t); denom = sqrt(v) / sqrt(1 - b2^t) + eps
     s = lambda value: _s(param, value)  # noqa: E731
     _adam(grad, s(lr / (1.0 - beta1 ** step)), s(beta1), s(beta2), s(eps), s(weight_decay),
@@ -459,7 +444,7 @@ def reduce_into(dst, src, op):
     if op not in _OPS:
         raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(_OPS)}")
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "reduce_into")
+    host_shape.same_size("reduce_into", src, dst)
     _OPS[op](dst, src, out=dst)
 
 

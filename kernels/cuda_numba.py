@@ -43,7 +43,7 @@ if not hasattr(np, "row_stack"):
 
 from numba import config, cuda, float64, from_dtype  # noqa: E402 - after the NumPy 2.5 shim
 
-from mpitrain.kernels import dropout_hash, im2col_shape, norm_shape
+from mpitrain.kernels import dropout_hash, host_shape, norm_shape
 
 name = "cuda-numba"
 
@@ -143,11 +143,6 @@ def _grid(n):
     return max(1, min((n + _TPB - 1) // _TPB, _MAX_BLOCKS)), _TPB
 
 
-def _same_size(dst, src, what):
-    if dst.size != src.size:
-        raise ValueError(f"{what}: sizes differ ({dst.size} vs {src.size})")
-
-
 def _scalar(a, value):
     """``value`` in the array's float dtype, so fp32 kernels do not compute in fp64."""
     return a.dtype.type(value) if a.dtype.kind == "f" else float(value)
@@ -199,7 +194,7 @@ def _copy_k(dst, src):
 
 def copy(dst, src):
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "copy")
+    host_shape.same_size("copy", src, dst)
     if dst.size:
         _copy_k[_grid(dst.size)](dst, src)
 
@@ -229,7 +224,7 @@ def _add_k(dst, src):
 
 def add(dst, src):
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "add")
+    host_shape.same_size("add", src, dst)
     if dst.size:
         _add_k[_grid(dst.size)](dst, src)
 
@@ -400,8 +395,7 @@ def _bias_act_k(y, bias, relu):
 
 def bias_act(y, bias, relu):
     y2, bias = _dev(y), _flat(bias)
-    if y2.ndim != 2 or y2.shape[1] != bias.size:
-        raise ValueError(f"bias_act: y {y2.shape} does not match bias ({bias.size},)")
+    host_shape.bias("bias_act", y2, bias, ("y", "bias"))
     if y2.size:
         _bias_act_k[_grid(y2.size)](_flat(y2), bias, bool(relu))
 
@@ -415,7 +409,7 @@ def _relu_k(x, out):
 
 def relu(x, out):
     x, out = _flat(x), _flat(out)
-    _same_size(out, x, "relu")
+    host_shape.same_size("relu", x, out)
     if x.size:
         _relu_k[_grid(x.size)](x, out)
 
@@ -428,8 +422,7 @@ def _relu_backward_k(y, grad_out, grad_in):
 
 def relu_backward(y, grad_out, grad_in):
     y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
-    _same_size(grad_out, y, "relu_backward")
-    _same_size(grad_in, y, "relu_backward")
+    host_shape.same_size("relu_backward", y, grad_out, grad_in)
     if y.size:
         _relu_backward_k[_grid(y.size)](y, grad_out, grad_in)
 
@@ -471,9 +464,7 @@ _bias_partials = {}
 
 def bias_grad(grad_out, grad_bias):
     grad_out, grad_bias = _dev(grad_out), _flat(grad_bias)
-    if grad_out.ndim != 2 or grad_out.shape[1] != grad_bias.size:
-        raise ValueError(f"bias_grad: grad_out {grad_out.shape} does not match "
-                         f"grad_bias ({grad_bias.size},)")
+    host_shape.bias("bias_grad", grad_out, grad_bias, ("grad_out", "grad_bias"))
     rows, feats = grad_out.shape
     if feats == 0 or rows == 0:
         return
@@ -570,7 +561,7 @@ def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
 
 def im2col(x, cols, kh, kw, stride, pad):
     x, cols = _dev(x), _dev(cols)
-    *_, oh, ow = im2col_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
+    *_, oh, ow = host_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
     if cols.size:
         _im2col_k[_grid(cols.size)](x, cols, kh, kw, stride, pad, oh, ow)
 
@@ -606,7 +597,7 @@ def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n, zero):
 
 def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
-    *_, oh, ow = im2col_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
+    *_, oh, ow = host_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
     if dx.size:
         _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow, _scalar(dx, 0))
 
@@ -636,18 +627,14 @@ def _nchw_to_nhwc_k(src, dst):
 
 def nhwc_to_nchw(src, dst):
     src, dst = _dev(src), _dev(dst)
-    n, c, h, w = dst.shape
-    if src.shape != (n * h * w, c):
-        raise ValueError(f"nhwc_to_nchw: src {src.shape} != {(n * h * w, c)}")
+    host_shape.layout("nhwc_to_nchw", dst.shape, src, "src")
     if dst.size:
         _nhwc_to_nchw_k[_grid(dst.size)](src, dst)
 
 
 def nchw_to_nhwc(src, dst):
     src, dst = _dev(src), _dev(dst)
-    n, c, h, w = src.shape
-    if dst.shape != (n * h * w, c):
-        raise ValueError(f"nchw_to_nhwc: dst {dst.shape} != {(n * h * w, c)}")
+    host_shape.layout("nchw_to_nhwc", src.shape, dst, "dst")
     if dst.size:
         _nchw_to_nhwc_k[_grid(dst.size)](src, dst)
 
@@ -733,8 +720,7 @@ def _dropout_forward_k(x, y, mask, threshold, keep_scale, seed_hash):
 
 def dropout_forward(x, y, mask, p, seed):
     x, y, mask = _flat(x), _flat(y), _flat(mask)
-    _same_size(y, x, "dropout_forward")
-    _same_size(mask, x, "dropout_forward")
+    host_shape.same_size("dropout_forward", x, y, mask)
     threshold = np.uint64(dropout_hash.keep_threshold(p))
     seed_hash = np.uint64(dropout_hash.mix32(int(seed)))
     if x.size:
@@ -750,7 +736,7 @@ def _mul_k(a, b, out):
 
 def dropout_backward(grad_y, mask, grad_x):
     grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
-    _same_size(mask, grad_y, "dropout_backward")
+    host_shape.same_size("dropout_backward", grad_y, mask, grad_x)
     if grad_y.size:
         _mul_k[_grid(grad_y.size)](grad_y, mask, grad_x)
 
@@ -772,7 +758,7 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
     # buf is unused (and may be None) without momentum
     param, grad = _flat(param), _flat(grad)
     buf = _flat(buf) if momentum != 0 else param
-    _same_size(grad, param, "sgd_update")
+    host_shape.same_size("sgd_update", param, grad, buf)
     if param.size:
         s = lambda v: _scalar(param, v)  # noqa: E731
         _sgd_k[_grid(param.size)](param, grad, buf, s(lr), s(momentum), bool(nesterov),
@@ -792,7 +778,7 @@ def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, weight_decay, inv_s
 
 def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     param, grad, m, v = _flat(param), _flat(grad), _flat(m), _flat(v)
-    _same_size(grad, param, "adam_update")
+    host_shape.same_size("adam_update", param, grad)
     if step < 1:
         raise ValueError(f"adam_update: step is 1-based, got {step}")
     if param.size:
@@ -842,7 +828,7 @@ def reduce_into(dst, src, op):
     if op not in _REDUCE:
         raise ValueError(f"unknown reduction op {op!r}; expected one of {list(_OPS)}")
     dst, src = _flat(dst), _flat(src)
-    _same_size(dst, src, "reduce_into")
+    host_shape.same_size("reduce_into", src, dst)
     if dst.size:
         _REDUCE[op][_grid(dst.size)](dst, src)
 

@@ -259,7 +259,7 @@ def test_adam_update_vs_numpy(rng):
 def test_im2col_shape_dims_and_refusal():
     """The device backends' shared geometry: sizes as the CPU kernels compute them, and a cols
     buffer of the wrong shape refused with one message naming the kernel."""
-    from mpitrain.kernels import im2col_shape
+    from mpitrain.kernels import host_shape as im2col_shape
     assert im2col_shape.dims("im2col", (2, 3, 7, 5), (2 * 4 * 3, 3 * 9), 3, 3, 2, 1) == \
         (3, 7, 5, 4, 3)
     with pytest.raises(ValueError, match=r"col2im: cols \(23, 27\) != \(24, 27\)"):
