@@ -58,7 +58,6 @@ _MAX_BLOCKS = 2 if _SIM else 2048   # grid-stride loops cover whatever is beyond
 _TILE = 4 if _SIM else 16           # GEMM threads per block edge (_TILE**2 threads)
 _MICRO = 2 if _SIM else 4           # GEMM outputs per thread edge: block tile _TILE * _MICRO
 _MAX_GEMM_BLOCKS = 2 if _SIM else 2**31 - 1
-_OPS = ("sum", "min", "max", "prod")
 if _SIM:
     # The simulator runs each GPU thread as a Python thread and busy-polls them at every
     # syncthreads(); a shorter GIL switch interval than the default 5 ms makes those barrier
@@ -229,14 +228,16 @@ def add(dst, src):
         _add_k[_grid(dst.size)](dst, src)
 
 
-_partials = {}
+_scratch_arrays = {}
 
 
-def _partial_buffer(blocks):
-    """Per-block partial sums, cached so that steady-state reductions allocate nothing."""
-    if blocks not in _partials:
-        _partials[blocks] = cuda.device_array(blocks, dtype=np.float64)
-    return _partials[blocks]
+def _scratch(shape, dtype=np.float64):
+    """A device array for a launch's partial sums or constants, cached per (shape, dtype) so that
+    steady-state launches allocate nothing (they run in order on one stream)."""
+    key = (shape, np.dtype(dtype).str)
+    if key not in _scratch_arrays:
+        _scratch_arrays[key] = cuda.device_array(shape, dtype=dtype)
+    return _scratch_arrays[key]
 
 
 @cuda.jit(device=True)
@@ -269,7 +270,7 @@ def total(a):
     if a.size == 0:
         return 0.0
     blocks, tpb = _grid(a.size)
-    partials = _partial_buffer(blocks)
+    partials = _scratch(blocks)
     _total_k[blocks, tpb](a, partials)
     return float(partials.copy_to_host().sum())
 
@@ -459,9 +460,6 @@ def _bias_sum_k(partials, grad_bias):
         grad_bias[f] += acc
 
 
-_bias_partials = {}
-
-
 def bias_grad(grad_out, grad_bias):
     grad_out, grad_bias = _dev(grad_out), _flat(grad_bias)
     host_shape.bias("bias_grad", grad_out, grad_bias, ("grad_out", "grad_bias"))
@@ -469,10 +467,7 @@ def bias_grad(grad_out, grad_bias):
     if feats == 0 or rows == 0:
         return
     chunks = (rows + _BIAS_ROWS - 1) // _BIAS_ROWS
-    key = (chunks, feats, np.dtype(grad_bias.dtype).str)
-    if key not in _bias_partials:                  # cached: steady state allocates nothing
-        _bias_partials[key] = cuda.device_array((chunks, feats), dtype=grad_bias.dtype)
-    partials = _bias_partials[key]                  # (chunks, F)
+    partials = _scratch((chunks, feats), grad_bias.dtype)
     _bias_partials_k[_grid(chunks * feats)](grad_out, partials, _BIAS_ROWS)
     _bias_sum_k[_grid(feats)](partials, grad_bias)
 
@@ -528,7 +523,7 @@ def count_correct(logits, labels):
     if logits.shape[0] == 0:
         return 0
     blocks, tpb = _grid(logits.shape[0])
-    partials = _partial_buffer(blocks)
+    partials = _scratch(blocks)
     _count_correct_k[blocks, tpb](logits, labels, partials)
     return int(round(partials.copy_to_host().sum()))
 
@@ -826,7 +821,7 @@ _REDUCE = {"sum": _reduce_sum_k, "min": _reduce_min_k, "max": _reduce_max_k,
 
 def reduce_into(dst, src, op):
     if op not in _REDUCE:
-        raise ValueError(f"unknown reduction op {op!r}; expected one of {list(_OPS)}")
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {list(_REDUCE)}")
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("reduce_into", src, dst)
     if dst.size:
@@ -921,9 +916,6 @@ def _sum_chunks_k(partials, out):
         out[j] = acc
 
 
-_chunk_partials = {}
-
-
 def _channel_sums(kernel, arrays, values, channels, stats):
     """Launch a per-channel sum ``kernel(*arrays, partials, chunk)`` over ``values`` values per
     channel, then add its chunk partials into stats (2, C)."""
@@ -931,10 +923,7 @@ def _channel_sums(kernel, arrays, values, channels, stats):
         return
     chunks = max(1, -(-values // _BN_CHUNK))
     chunk = -(-values // chunks) if values else 1               # balanced, <= _BN_CHUNK
-    key = (chunks, channels)
-    if key not in _chunk_partials:                              # steady state allocates nothing
-        _chunk_partials[key] = cuda.device_array((chunks, 2 * channels), dtype=np.float64)
-    partials = _chunk_partials[key]                             # (chunks, 2*C)
+    partials = _scratch((chunks, 2 * channels))
     kernel[min(chunks * channels, _MAX_BLOCKS), _TPB](*arrays, partials, chunk)
     _sum_chunks_k[_grid(2 * channels)](partials, _flat(stats))
 
@@ -1058,9 +1047,6 @@ def _bn_backward_input_k(grad_y, x, mean, coeffs, grad_x, l_n, c_n):
         grad_x[i] = coeffs[0, c] * grad_y[i] - coeffs[1, c] - coeffs[2, c] * (x[i] - mean[c])
 
 
-_input_coeffs = {}
-
-
 def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
     grad_y, x, grad_x, stats = _dev(grad_y), _dev(x), _dev(grad_x), _dev(stats)
     n, c, l = norm_shape.ncl("bn_backward_input", x.shape)
@@ -1071,10 +1057,7 @@ def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
     count = norm_shape.count("bn_backward_input", count)
     if x.size == 0:
         return
-    key = (c, np.dtype(x.dtype).str)
-    if key not in _input_coeffs:                                # steady state allocates nothing
-        _input_coeffs[key] = cuda.device_array((3, c), dtype=x.dtype)
-    coeffs = _input_coeffs[key]                                 # (3, C) in x's dtype
+    coeffs = _scratch((3, c), x.dtype)                          # (3, C) in x's dtype
     _bn_input_coeffs_k[_grid(c)](invstd, weight, stats, count, coeffs)
     _bn_backward_input_k[_grid(x.size)](_flat(grad_y), _flat(x), mean, coeffs, _flat(grad_x),
                                         l, c)
