@@ -104,9 +104,10 @@ def _neutral(shape, dtype, op):
     return np.full(shape, -np.inf if floats else np.iinfo(dtype).min, dtype)
 
 
-def _allreduce(state, f):
-    host.allreduce_(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"], f["name"],
-                    f["prescale_factor"], f["postscale_factor"])
+def _reduction(collective):
+    """The replay of a one-array reduction (host.allreduce_, host.reducescatter)."""
+    return lambda state, f: collective(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"],
+                                       f["name"], f["prescale_factor"], f["postscale_factor"])
 
 
 def _grouped(state, f):
@@ -125,15 +126,10 @@ def _buckets(state, f):
                            f["prescale_factor"], f["postscale_factor"])
 
 
-def _reducescatter(state, f):
-    host.reducescatter(state, _neutral(f["shape"], f["dtype"], f["op"]), f["op"], f["name"],
-                       f["prescale_factor"], f["postscale_factor"])
-
-
 REPLAYS = {
-    "allreduce": _allreduce,
+    "allreduce": _reduction(host.allreduce_),
     "grouped_allreduce": _grouped,
     overlap.STEP_KIND: _buckets,
-    "reducescatter": _reducescatter,
+    "reducescatter": _reduction(host.reducescatter),
     "barrier": lambda state, f: host.barrier(state),
 }

@@ -32,6 +32,14 @@ def _check_positive(name, value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _zeroed_grad(param):
+    """``param.grad`` for a kernel that adds into it: zero-filled first when it was stale."""
+    grad, accumulate = param.grad_target()
+    if not accumulate:
+        param.kernels.fill(grad, 0)
+    return grad
+
+
 def init_weight(rng, shape, fan_in, fan_out, scheme):
     """He normal (std sqrt(2/fan_in), for layers feeding a ReLU) or Glorot uniform; float64."""
     if scheme == "he":
@@ -119,10 +127,7 @@ class Linear(Layer):
             k.relu_backward(self._y, grad_y, g)
         grad_w, acc = self.weight.grad_target()                         # (out, in)
         k.gemm(g, x, grad_w, trans_a=True, accumulate=acc)
-        grad_b, acc = self.bias.grad_target()                           # (out,)
-        if not acc:
-            k.fill(grad_b, 0)
-        k.bias_grad(g, grad_b)
+        k.bias_grad(g, _zeroed_grad(self.bias))                         # (out,)
         if not need_input_grad:
             return None
         grad_x = self.workspace("grad_x", x.shape)                      # (B, in)
@@ -252,10 +257,7 @@ class Conv2D(Layer):
         grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
         k.gemm(g, self._cols, self._w2d(grad_w), trans_a=True, accumulate=acc)
         if self.bias is not None:
-            grad_b, acc = self.bias.grad_target()
-            if not acc:
-                k.fill(grad_b, 0)
-            k.bias_grad(g, grad_b)
+            k.bias_grad(g, _zeroed_grad(self.bias))
         if not need_input_grad:
             return None
         d_cols = self._cols                                             # (N*OH*OW, C*K*K)
@@ -266,11 +268,7 @@ class Conv2D(Layer):
 
     def _fused_backward(self, grad_y, need_input_grad):
         grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
-        grad_b = None
-        if self.bias is not None:
-            grad_b, acc_b = self.bias.grad_target()                     # (OC,)
-            if not acc_b:
-                self.kernels.fill(grad_b, 0)
+        grad_b = None if self.bias is None else _zeroed_grad(self.bias)   # (OC,)
         grad_x = self.workspace("grad_x", self._x.shape) if need_input_grad else None
         self.kernels.conv2d_backward(self._x, self.weight.data, self._y, grad_y, self.stride,
                                      self.padding, self.relu, grad_w, acc, grad_b, grad_x)

@@ -25,6 +25,21 @@ The model-level calls are ``forward(x)`` (a fresh copy of the logits) and
 import numpy as np
 
 
+def chain_forward(modules, x):
+    """``x`` through ``modules`` one after the other (each one's ``forward_through``)."""
+    for module in modules:
+        x = module.forward_through(x)
+    return x
+
+
+def chain_backward(modules, grad_y, need_input_grad, on_layer_done):
+    """``grad_y`` back through ``modules``, last first; the first forms its input gradient only
+    when ``need_input_grad`` (the first layer of a model skips that GEMM and the col2im)."""
+    for i in range(len(modules) - 1, -1, -1):
+        grad_y = modules[i].backward_through(grad_y, need_input_grad or i > 0, on_layer_done)
+    return grad_y
+
+
 class Module:
     """Base of every layer and model: children, parameters, buffers, mode and state."""
 

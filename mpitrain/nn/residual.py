@@ -15,7 +15,7 @@ import numpy as np
 
 from mpitrain.nn.batchnorm import BatchNorm2d
 from mpitrain.nn.layers import Conv2D, Layer, ReLU
-from mpitrain.nn.module import Module
+from mpitrain.nn.module import Module, chain_backward, chain_forward
 
 
 class ShortcutA(Layer):
@@ -96,18 +96,14 @@ class BasicBlock(Module):
         self._branch = ["conv1", "bn1", "relu1", "conv2", "bn2"]
 
     def forward_through(self, x):
-        h = x
-        for name in self._branch:
-            h = self._children[name].forward_through(h)
+        h = chain_forward([self._children[n] for n in self._branch], x)
         s = x if self.shortcut is None else self.shortcut.forward_through(x)
         return self.relu.forward_through(self.add.forward(h, s))
 
     def backward_through(self, grad_y, need_input_grad, on_layer_done):
         g = self.add.backward(self.relu.backward_through(grad_y, True, on_layer_done))
-        gb = g
-        for i in range(len(self._branch) - 1, -1, -1):
-            child = self._children[self._branch[i]]
-            gb = child.backward_through(gb, need_input_grad or i > 0, on_layer_done)
+        gb = chain_backward([self._children[n] for n in self._branch], g, need_input_grad,
+                            on_layer_done)
         if not need_input_grad:
             return None
         gs = g if self.shortcut is None else self.shortcut.backward_through(g, True,

@@ -17,7 +17,7 @@ import numpy as np
 
 from mpitrain.nn.batchnorm import BatchNorm2d
 from mpitrain.nn.layers import Conv2D, Dropout, GlobalAvgPool2d, Linear, ReLU
-from mpitrain.nn.module import Module
+from mpitrain.nn.module import Module, chain_backward, chain_forward
 from mpitrain.nn.residual import BasicBlock
 from mpitrain.nn.sequential import Sequential
 
@@ -55,16 +55,10 @@ class ResNet(Module):
         self.add_child("fc", Linear(c, classes, init="he", seed=rng, **dk))
 
     def forward_through(self, x):
-        for child in self._children.values():
-            x = child.forward_through(x)
-        return x
+        return chain_forward(self.children(), x)
 
     def backward_through(self, grad_y, need_input_grad, on_layer_done):
-        children = list(self._children.values())
-        g = grad_y
-        for i in range(len(children) - 1, -1, -1):
-            g = children[i].backward_through(g, need_input_grad or i > 0, on_layer_done)
-        return g
+        return chain_backward(self.children(), grad_y, need_input_grad, on_layer_done)
 
     def extra_repr(self):
         return f"depth={self.depth}, input_shape={self.input_shape}"

@@ -5,7 +5,7 @@ Children are named by index, so parameter names are ``"<layer index>.<name>"`` i
 rely on. A Sequential can be a whole model (``forward`` copies the logits out) or a child of
 another Module (a ResNet stage), which calls ``forward_through``/``backward_through``.
 """
-from mpitrain.nn.module import Module
+from mpitrain.nn.module import Module, chain_backward, chain_forward
 
 
 class Sequential(Module):
@@ -29,17 +29,10 @@ class Sequential(Module):
         return super().replace_child(name, module)
 
     def forward_through(self, x):
-        for layer in self.layers:
-            x = layer.forward_through(x)
-        return x
+        return chain_forward(self.layers, x)
 
     def backward_through(self, grad_y, need_input_grad, on_layer_done):
-        """Last layer first; the first layer forms its input gradient only when asked (the
-        first layer of a model skips that GEMM and the col2im)."""
-        g = grad_y
-        for i in range(len(self.layers) - 1, -1, -1):
-            g = self.layers[i].backward_through(g, need_input_grad or i > 0, on_layer_done)
-        return g
+        return chain_backward(self.layers, grad_y, need_input_grad, on_layer_done)
 
     def __len__(self):
         return len(self.layers)
