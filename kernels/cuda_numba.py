@@ -142,6 +142,12 @@ def _grid(n):
     return max(1, min((n + _TPB - 1) // _TPB, _MAX_BLOCKS)), _TPB
 
 
+def _launch(kernel, n, *args):
+    """Run the grid-stride ``kernel(*args)`` over ``n`` items; nothing to launch when n is 0."""
+    if n:
+        kernel[_grid(n)](*args)
+
+
 def _scalar(a, value):
     """``value`` in the array's float dtype, so fp32 kernels do not compute in fp64."""
     return a.dtype.type(value) if a.dtype.kind == "f" else float(value)
@@ -181,8 +187,7 @@ def _fill_k(a, value):
 
 def fill(a, value):
     a = _flat(a)
-    if a.size:
-        _fill_k[_grid(a.size)](a, a.dtype.type(value))
+    _launch(_fill_k, a.size, a, a.dtype.type(value))
 
 
 @cuda.jit(cache=True)
@@ -194,8 +199,7 @@ def _copy_k(dst, src):
 def copy(dst, src):
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("copy", src, dst)
-    if dst.size:
-        _copy_k[_grid(dst.size)](dst, src)
+    _launch(_copy_k, dst.size, dst, src)
 
 
 # cast is copy with conversion on store (e.g. float32 -> float16 for fp16 compression)
@@ -211,8 +215,7 @@ def _scale_k(a, factor):
 
 def scale(a, factor):
     a = _flat(a)
-    if a.size:
-        _scale_k[_grid(a.size)](a, _scalar(a, factor))
+    _launch(_scale_k, a.size, a, _scalar(a, factor))
 
 
 @cuda.jit(cache=True)
@@ -224,8 +227,7 @@ def _add_k(dst, src):
 def add(dst, src):
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("add", src, dst)
-    if dst.size:
-        _add_k[_grid(dst.size)](dst, src)
+    _launch(_add_k, dst.size, dst, src)
 
 
 _scratch_arrays = {}
@@ -397,8 +399,7 @@ def _bias_act_k(y, bias, relu):
 def bias_act(y, bias, relu):
     y2, bias = _dev(y), _flat(bias)
     host_shape.bias("bias_act", y2, bias, ("y", "bias"))
-    if y2.size:
-        _bias_act_k[_grid(y2.size)](_flat(y2), bias, bool(relu))
+    _launch(_bias_act_k, y2.size, _flat(y2), bias, bool(relu))
 
 
 @cuda.jit(cache=True)
@@ -411,8 +412,7 @@ def _relu_k(x, out):
 def relu(x, out):
     x, out = _flat(x), _flat(out)
     host_shape.same_size("relu", x, out)
-    if x.size:
-        _relu_k[_grid(x.size)](x, out)
+    _launch(_relu_k, x.size, x, out)
 
 
 @cuda.jit(cache=True)
@@ -424,8 +424,7 @@ def _relu_backward_k(y, grad_out, grad_in):
 def relu_backward(y, grad_out, grad_in):
     y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
     host_shape.same_size("relu_backward", y, grad_out, grad_in)
-    if y.size:
-        _relu_backward_k[_grid(y.size)](y, grad_out, grad_in)
+    _launch(_relu_backward_k, y.size, y, grad_out, grad_in)
 
 
 # bias_grad sums a tall (rows, F) matrix by column: a conv layer's gradient has N*OH*OW rows
@@ -500,8 +499,7 @@ def softmax_xent(logits, labels, grad, losses):
     if logits.ndim != 2 or labels.size != logits.shape[0] or grad.shape != logits.shape:
         raise ValueError(f"softmax_xent: logits {logits.shape}, labels ({labels.size},), "
                          f"grad {grad.shape} do not match")
-    if logits.shape[0]:
-        _softmax_xent_k[_grid(logits.shape[0])](logits, labels, grad, losses)
+    _launch(_softmax_xent_k, logits.shape[0], logits, labels, grad, losses)
 
 
 @cuda.jit(cache=True)
@@ -557,8 +555,7 @@ def _im2col_k(x, cols, kh, kw, stride, pad, oh_n, ow_n):
 def im2col(x, cols, kh, kw, stride, pad):
     x, cols = _dev(x), _dev(cols)
     *_, oh, ow = host_shape.dims("im2col", x.shape, cols.shape, kh, kw, stride, pad)
-    if cols.size:
-        _im2col_k[_grid(cols.size)](x, cols, kh, kw, stride, pad, oh, ow)
+    _launch(_im2col_k, cols.size, x, cols, kh, kw, stride, pad, oh, ow)
 
 
 @cuda.jit(cache=True)
@@ -593,8 +590,7 @@ def _col2im_k(cols, dx, kh, kw, stride, pad, oh_n, ow_n, zero):
 def col2im(cols, dx, kh, kw, stride, pad):
     cols, dx = _dev(cols), _dev(dx)
     *_, oh, ow = host_shape.dims("col2im", dx.shape, cols.shape, kh, kw, stride, pad)
-    if dx.size:
-        _col2im_k[_grid(dx.size)](cols, dx, kh, kw, stride, pad, oh, ow, _scalar(dx, 0))
+    _launch(_col2im_k, dx.size, cols, dx, kh, kw, stride, pad, oh, ow, _scalar(dx, 0))
 
 
 @cuda.jit(cache=True)
@@ -623,15 +619,13 @@ def _nchw_to_nhwc_k(src, dst):
 def nhwc_to_nchw(src, dst):
     src, dst = _dev(src), _dev(dst)
     host_shape.layout("nhwc_to_nchw", dst.shape, src, "src")
-    if dst.size:
-        _nhwc_to_nchw_k[_grid(dst.size)](src, dst)
+    _launch(_nhwc_to_nchw_k, dst.size, src, dst)
 
 
 def nchw_to_nhwc(src, dst):
     src, dst = _dev(src), _dev(dst)
     host_shape.layout("nchw_to_nhwc", src.shape, dst, "dst")
-    if dst.size:
-        _nchw_to_nhwc_k[_grid(dst.size)](src, dst)
+    _launch(_nchw_to_nhwc_k, dst.size, src, dst)
 
 
 # --- Pooling and dropout ------------------------------------------------------------------------
@@ -665,8 +659,7 @@ def maxpool_forward(x, y, argmax, k, stride):
     expect = (n, c, (h - k) // stride + 1, (w - k) // stride + 1)
     if y.shape != expect or argmax.shape != expect:
         raise ValueError(f"maxpool_forward: y {y.shape} / argmax {argmax.shape} != {expect}")
-    if y.size:
-        _maxpool_forward_k[_grid(y.size)](x, y, argmax, k, stride)
+    _launch(_maxpool_forward_k, y.size, x, y, argmax, k, stride)
 
 
 @cuda.jit(cache=True)
@@ -718,9 +711,8 @@ def dropout_forward(x, y, mask, p, seed):
     host_shape.same_size("dropout_forward", x, y, mask)
     threshold = np.uint64(dropout_hash.keep_threshold(p))
     seed_hash = np.uint64(dropout_hash.mix32(int(seed)))
-    if x.size:
-        _dropout_forward_k[_grid(x.size)](x, y, mask, threshold,
-                                          _scalar(mask, 1.0 / (1.0 - p)), seed_hash)
+    _launch(_dropout_forward_k, x.size, x, y, mask, threshold, _scalar(mask, 1.0 / (1.0 - p)),
+            seed_hash)
 
 
 @cuda.jit(cache=True)
@@ -732,8 +724,7 @@ def _mul_k(a, b, out):
 def dropout_backward(grad_y, mask, grad_x):
     grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
     host_shape.same_size("dropout_backward", grad_y, mask, grad_x)
-    if grad_y.size:
-        _mul_k[_grid(grad_y.size)](grad_y, mask, grad_x)
+    _launch(_mul_k, grad_y.size, grad_y, mask, grad_x)
 
 
 # --- Optimizer updates --------------------------------------------------------------------------
@@ -754,10 +745,9 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
     param, grad = _flat(param), _flat(grad)
     buf = _flat(buf) if momentum != 0 else param
     host_shape.same_size("sgd_update", param, grad, buf)
-    if param.size:
-        s = lambda v: _scalar(param, v)  # noqa: E731
-        _sgd_k[_grid(param.size)](param, grad, buf, s(lr), s(momentum), bool(nesterov),
-                                  s(weight_decay))
+    s = lambda v: _scalar(param, v)  # noqa: E731
+    _launch(_sgd_k, param.size, param, grad, buf, s(lr), s(momentum), bool(nesterov),
+            s(weight_decay))
 
 
 @cuda.jit(cache=True)
@@ -824,8 +814,7 @@ def reduce_into(dst, src, op):
         raise ValueError(f"unknown reduction op {op!r}; expected one of {list(_REDUCE)}")
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("reduce_into", src, dst)
-    if dst.size:
-        _REDUCE[op][_grid(dst.size)](dst, src)
+    _launch(_REDUCE[op], dst.size, dst, src)
 
 
 # --- Normalisation, pooling and shortcuts -------------------------------------------------------
@@ -957,9 +946,8 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
                            running_var=running_var)
     count = norm_shape.count("bn_moments", count)
     unbias = count / (count - 1.0) if count > 1.0 else 1.0     # running_var is unbiased
-    if c:
-        _bn_moments_k[_grid(c)](stats, count, float(eps), float(momentum), unbias, mean,
-                                invstd, running_mean, running_var)
+    _launch(_bn_moments_k, c, stats, count, float(eps), float(momentum), unbias, mean, invstd,
+            running_mean, running_var)
 
 
 @cuda.jit(cache=True)
@@ -975,8 +963,7 @@ def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
     c = mean.size
     norm_shape.per_channel("bn_eval_moments", c, invstd=invstd, running_mean=running_mean,
                            running_var=running_var)
-    if c:
-        _bn_eval_moments_k[_grid(c)](running_mean, running_var, float(eps), mean, invstd)
+    _launch(_bn_eval_moments_k, c, running_mean, running_var, float(eps), mean, invstd)
 
 
 @cuda.jit(cache=True)
@@ -993,8 +980,7 @@ def bn_forward(x, mean, invstd, weight, bias, y):
     norm_shape.same_shape("bn_forward", x.shape, y=y)
     mean, invstd, weight, bias = _dev(mean), _dev(invstd), _dev(weight), _dev(bias)
     norm_shape.per_channel("bn_forward", c, mean=mean, invstd=invstd, weight=weight, bias=bias)
-    if x.size:
-        _bn_forward_k[_grid(x.size)](_flat(x), mean, invstd, weight, bias, _flat(y), l, c)
+    _launch(_bn_forward_k, x.size, _flat(x), mean, invstd, weight, bias, _flat(y), l, c)
 
 
 def bn_backward_stats(grad_y, x, mean, invstd, stats):
@@ -1024,8 +1010,7 @@ def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
     c = grad_weight.size
     norm_shape.stats("bn_param_grads", stats, c)
     norm_shape.per_channel("bn_param_grads", c, grad_bias=grad_bias)
-    if c:
-        _bn_param_grads_k[_grid(c)](stats, grad_weight, grad_bias, bool(accumulate))
+    _launch(_bn_param_grads_k, c, stats, grad_weight, grad_bias, bool(accumulate))
 
 
 @cuda.jit(cache=True)
@@ -1077,8 +1062,7 @@ def _global_avgpool_forward_k(x, y, l_n):
 def global_avgpool_forward(x, y):
     x, y = _dev(x), _dev(y)
     n, c, l = norm_shape.pool("global_avgpool_forward", x.shape, y.shape)
-    if y.size:
-        _global_avgpool_forward_k[_grid(y.size)](_flat(x), _flat(y), l)
+    _launch(_global_avgpool_forward_k, y.size, _flat(x), _flat(y), l)
 
 
 @cuda.jit(cache=True)
@@ -1090,8 +1074,7 @@ def _global_avgpool_backward_k(grad_y, grad_x, l_n):
 def global_avgpool_backward(grad_y, grad_x):
     grad_y, grad_x = _dev(grad_y), _dev(grad_x)
     n, c, l = norm_shape.pool("global_avgpool_backward", grad_x.shape, grad_y.shape)
-    if grad_x.size:
-        _global_avgpool_backward_k[_grid(grad_x.size)](_flat(grad_y), _flat(grad_x), l)
+    _launch(_global_avgpool_backward_k, grad_x.size, _flat(grad_y), _flat(grad_x), l)
 
 
 @cuda.jit(cache=True)
@@ -1114,8 +1097,7 @@ def _shortcut_forward_k(x, y, stride, offset):
 def shortcut_forward(x, y, stride, offset):
     x, y = _dev(x), _dev(y)
     stride, offset = norm_shape.shortcut("shortcut_forward", x.shape, y.shape, stride, offset)
-    if y.size:
-        _shortcut_forward_k[_grid(y.size)](x, y, stride, offset)
+    _launch(_shortcut_forward_k, y.size, x, y, stride, offset)
 
 
 @cuda.jit(cache=True)
@@ -1137,5 +1119,4 @@ def shortcut_backward(grad_y, grad_x, stride, offset):
     grad_y, grad_x = _dev(grad_y), _dev(grad_x)
     stride, offset = norm_shape.shortcut("shortcut_backward", grad_x.shape, grad_y.shape,
                                          stride, offset, names=("grad_x", "grad_y"))
-    if grad_x.size:
-        _shortcut_backward_k[_grid(grad_x.size)](grad_y, grad_x, stride, offset)
+    _launch(_shortcut_backward_k, grad_x.size, grad_y, grad_x, stride, offset)
