@@ -23,8 +23,6 @@ import benchutil
 import mpitrain as mt
 from mpitrain.comm import world
 
-SIZES = [1 << 16, 1 << 20, 8 << 20, 32 << 20]
-
 
 def use(comm, base, hierarchical):
     mt.shutdown()

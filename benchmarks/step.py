@@ -356,16 +356,12 @@ def main(argv=None):
                 torch_run()
         rounds = []
         for _ in range(args.rounds):
-            f, b, u = [], [], []
-            for _ in range(args.steps):
-                f.append(timed(forward))
-                b.append(timed(backward))
-                u.append(timed(update))
+            parts = [[timed(fn) for fn in (forward, backward, update)] for _ in range(args.steps)]
             g = [timed(gemms) for _ in range(args.steps)]
             lv = forward()
             if not np.isfinite(lv):
                 raise SystemExit(f"{name}: loss is {lv} after training steps; the step is broken")
-            fwd, bwd, upd = (float(np.median(v)) for v in (f, b, u))
+            fwd, bwd, upd = (float(v) for v in np.median(parts, axis=0))
             gem = float(np.median(g))
             rounds.append(dict(fwd_ms=fwd * 1e3, bwd_ms=bwd * 1e3, update_ms=upd * 1e3,
                                step_ms=(fwd + bwd + upd) * 1e3, gemm_ms=gem * 1e3,

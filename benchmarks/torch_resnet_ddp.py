@@ -66,9 +66,7 @@ def parse_args(argv=None):
     ap.add_argument("--port", type=int, default=int(os.environ.get("MASTER_PORT", 29517)))
     ap.add_argument("--json", default=None, help="write the result to this JSON file (rank 0)")
     args = ap.parse_args(argv)
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    benchutil.check_positive(ap, args, ("epochs", "batch_size"))
     return args
 
 

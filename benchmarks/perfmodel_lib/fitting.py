@@ -73,19 +73,13 @@ def fit(ring_obs, reduce_obs=None):
         a_ring = np.column_stack([2 * (ranks - 1), 2 * frac * n, frac * n, np.zeros_like(n)])
         a_red = np.column_stack([np.zeros(len(red)), np.zeros(len(red)), red[:, 0],
                                  np.ones(len(red))])
-        a = np.vstack([a_ring, a_red])
-        y = np.concatenate([t, red[:, 1]])
-    else:
-        # Unknowns: alpha, c = 2 beta + gamma.
-        a = np.column_stack([2 * (ranks - 1), frac * n])
-        y = t
-    x = _rel_lstsq(a, y)
-    if len(red):
-        alpha, beta, gamma, call = x
+        alpha, beta, gamma, call = _rel_lstsq(np.vstack([a_ring, a_red]),
+                                              np.concatenate([t, red[:, 1]]))
         combined = 2 * beta + gamma
         note = "alpha, beta, gamma (gamma pinned by the reduce-kernel timings)"
     else:
-        alpha, combined = x
+        # Unknowns: alpha, c = 2 beta + gamma.
+        alpha, combined = _rel_lstsq(np.column_stack([2 * (ranks - 1), frac * n]), t)
         beta, gamma, call = combined / 2, None, None
         note = ("alpha and 2*beta+gamma only (no reduce-kernel timings): beta reported as "
                 "(2*beta+gamma)/2, gamma unknown")

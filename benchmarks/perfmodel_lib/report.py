@@ -105,10 +105,7 @@ def plot(proj, rows, models, path):
         for i, (name, per_model) in enumerate(proj.items()):
             d = per_model[model]
             ax.plot(d["ranks"], d["efficiency"], color=f"C{i}", label=name)
-        measured = {}
-        for r in rows:
-            if r["model"] == model:
-                measured[r["ranks"]] = r["measured_ms"]
+        measured = {r["ranks"]: r["measured_ms"] for r in rows if r["model"] == model}
         if 1 in measured:
             ns = sorted(measured)
             ax.plot(ns, [measured[1] / measured[n] for n in ns], "ko", mfc="none",
