@@ -145,8 +145,7 @@ def main(argv=None):
             write_json(args.json, {"skipped": str(exc)})
         return 0
     refs, skipped = make_references(comm, k, args.reference, shared)
-    ours = {f"mpitrain-{transport}": lambda buf: mt.allreduce_(buf, op=mt.Sum)}
-    sides = {**ours, **refs}
+    sides = {f"mpitrain-{transport}": lambda buf: mt.allreduce_(buf, op=mt.Sum), **refs}
     lo, hi = benchutil.parse_bytes(args.min_bytes), benchutil.parse_bytes(args.max_bytes)
     sizes, s = [], max(4, lo)
     while s <= hi:
@@ -176,10 +175,9 @@ def main(argv=None):
                 if i:                                               # call 0 warms up
                     times[name].append(t)
         med = benchutil.slowest(comm, *(np.median(times[name]) for name in sides))
-        row = {"bytes": nbytes}
-        for name, t in zip(sides, med):
-            row[name] = {"s": float(t), "algbw_GBps": nbytes / t / 1e9,
-                         "busbw_GBps": nbytes / t / 1e9 * bus}
+        row = {"bytes": nbytes, **{name: {"s": float(t), "algbw_GBps": nbytes / t / 1e9,
+                                          "busbw_GBps": nbytes / t / 1e9 * bus}
+                                   for name, t in zip(sides, med)}}
         results.append(row)
         if rank == 0:
             print(f"{nbytes:>10} " + " ".join(f"{row[name]['busbw_GBps']:>22.3f}"
