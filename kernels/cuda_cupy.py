@@ -94,8 +94,7 @@ def copy(dst, src):
     cp.copyto(dst, src, casting="unsafe")
 
 
-def cast(dst, src):
-    copy(dst, src)
+cast = copy                                              # copyto converts to dst's dtype
 
 
 # integers scale in float64 and truncate toward zero, as on the CPU

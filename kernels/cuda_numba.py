@@ -203,8 +203,7 @@ def copy(dst, src):
 
 
 # cast is copy with conversion on store (e.g. float32 -> float16 for fp16 compression)
-def cast(dst, src):
-    copy(dst, src)
+cast = copy
 
 
 @cuda.jit(cache=True)
