@@ -29,6 +29,7 @@ a 64 x 64 tile; op(a) and op(b) staged through shared memory in K-stages of 16,
 loaded with consecutive threads on each operand's contiguous axis so global reads coalesce
 whatever the transposes).
 """
+import functools
 import math
 import sys
 
@@ -278,8 +279,10 @@ def total(a):
 
 # --- GEMM ---------------------------------------------------------------------------------------
 
+@functools.cache
 def _make_gemm(dtype):
-    """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time).
+    """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time;
+    one kernel per dtype, made at its first use).
 
     A block of _TILE x _TILE threads computes a _BM x _BM output tile (_BM = _TILE * _MICRO):
     each thread accumulates _MICRO x _MICRO outputs in registers, rows ty + p*_TILE and columns
@@ -359,9 +362,6 @@ def _make_gemm(dtype):
     return gemm_k
 
 
-_gemm_kernels = {}
-
-
 def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     a, b, out = _dev(a), _dev(b), _dev(out)
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
@@ -373,14 +373,11 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
                          f"-> out {out.shape}")
     if m == 0 or n == 0:
         return
-    key = np.dtype(out.dtype).str
-    if key not in _gemm_kernels:
-        _gemm_kernels[key] = _make_gemm(out.dtype)
     bm = _TILE * _MICRO
     tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
     blocks = min(tiles, _MAX_GEMM_BLOCKS)
-    _gemm_kernels[key][blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
-                                                bool(accumulate))
+    _make_gemm(out.dtype)[blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
+                                                   bool(accumulate))
 
 
 # --- Dense layers -------------------------------------------------------------------------------
