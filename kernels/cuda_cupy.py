@@ -506,8 +506,8 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
     running_mean, running_var = _dev(running_mean), _dev(running_var)
     c = mean.size
     norm_shape.stats("bn_moments", stats, c)
-    norm_shape.per_channel("bn_moments", c, mean=mean, invstd=invstd,
-                           running_mean=running_mean, running_var=running_var)
+    norm_shape.same_shape("bn_moments", (c,), mean=mean, invstd=invstd,
+                          running_mean=running_mean, running_var=running_var)
     count = norm_shape.count("bn_moments", count)
     unbias = count / (count - 1.0) if count > 1.0 else 1.0     # running_var is unbiased
     _bn_moments(stats[0], stats[1], count, float(eps), float(momentum), unbias, mean, invstd,
@@ -517,8 +517,8 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
 def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
     running_mean, running_var = _dev(running_mean), _dev(running_var)
     mean, invstd = _dev(mean), _dev(invstd)
-    norm_shape.per_channel("bn_eval_moments", mean.size, invstd=invstd,
-                           running_mean=running_mean, running_var=running_var)
+    norm_shape.same_shape("bn_eval_moments", (mean.size,), invstd=invstd,
+                          running_mean=running_mean, running_var=running_var)
     _bn_eval_moments(running_mean, running_var, float(eps), mean, invstd)
 
 
@@ -536,7 +536,7 @@ def bn_forward(x, mean, invstd, weight, bias, y):
     y = _dev(y)
     norm_shape.same_shape("bn_forward", x.shape, y=y)
     mean, invstd, weight, bias = _dev(mean), _dev(invstd), _dev(weight), _dev(bias)
-    norm_shape.per_channel("bn_forward", c, mean=mean, invstd=invstd, weight=weight, bias=bias)
+    norm_shape.same_shape("bn_forward", (c,), mean=mean, invstd=invstd, weight=weight, bias=bias)
     _bn_forward(_flat(x3), mean, invstd, weight, bias, l, c, _flat(y))
 
 
@@ -545,7 +545,7 @@ def bn_backward_stats(grad_y, x, mean, invstd, stats):
     g3, _ = _ncl("bn_backward_stats", grad_y)
     norm_shape.same_shape("bn_backward_stats", x3.shape, grad_y=g3)
     mean, invstd, stats = _dev(mean), _dev(invstd), _dev(stats)
-    norm_shape.per_channel("bn_backward_stats", c, mean=mean, invstd=invstd)
+    norm_shape.same_shape("bn_backward_stats", (c,), mean=mean, invstd=invstd)
     norm_shape.stats("bn_backward_stats", stats, c)
     _channel_sum(g3, stats[0], axis=_CHANNEL_AXES)
     _channel_sum_gxhat(g3, x3, mean.reshape(1, c, 1), invstd.reshape(1, c, 1), stats[1],
@@ -564,7 +564,7 @@ def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
     stats, grad_weight, grad_bias = _dev(stats), _dev(grad_weight), _dev(grad_bias)
     c = grad_weight.size
     norm_shape.stats("bn_param_grads", stats, c)
-    norm_shape.per_channel("bn_param_grads", c, grad_weight=grad_weight, grad_bias=grad_bias)
+    norm_shape.same_shape("bn_param_grads", (c,), grad_weight=grad_weight, grad_bias=grad_bias)
     _bn_param_grads(stats[0], stats[1], bool(accumulate), grad_weight, grad_bias)
 
 
@@ -588,7 +588,7 @@ def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
     grad_y, grad_x = _dev(grad_y), _dev(grad_x)
     norm_shape.same_shape("bn_backward_input", x.shape, grad_y=grad_y, grad_x=grad_x)
     mean, invstd, weight, stats = _dev(mean), _dev(invstd), _dev(weight), _dev(stats)
-    norm_shape.per_channel("bn_backward_input", c, mean=mean, invstd=invstd, weight=weight)
+    norm_shape.same_shape("bn_backward_input", (c,), mean=mean, invstd=invstd, weight=weight)
     norm_shape.stats("bn_backward_input", stats, c)
     count = norm_shape.count("bn_backward_input", count)
     _bn_backward_input(_flat(grad_y), _flat(x3), mean, invstd, weight, stats, count, l, c,

@@ -938,8 +938,8 @@ def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_
     running_mean, running_var = _dev(running_mean), _dev(running_var)
     c = mean.size
     norm_shape.stats("bn_moments", stats, c)
-    norm_shape.per_channel("bn_moments", c, invstd=invstd, running_mean=running_mean,
-                           running_var=running_var)
+    norm_shape.same_shape("bn_moments", (c,), invstd=invstd, running_mean=running_mean,
+                          running_var=running_var)
     count = norm_shape.count("bn_moments", count)
     unbias = count / (count - 1.0) if count > 1.0 else 1.0     # running_var is unbiased
     _launch(_bn_moments_k, c, stats, count, float(eps), float(momentum), unbias, mean, invstd,
@@ -957,8 +957,8 @@ def bn_eval_moments(running_mean, running_var, eps, mean, invstd):
     running_mean, running_var = _dev(running_mean), _dev(running_var)
     mean, invstd = _dev(mean), _dev(invstd)
     c = mean.size
-    norm_shape.per_channel("bn_eval_moments", c, invstd=invstd, running_mean=running_mean,
-                           running_var=running_var)
+    norm_shape.same_shape("bn_eval_moments", (c,), invstd=invstd, running_mean=running_mean,
+                          running_var=running_var)
     _launch(_bn_eval_moments_k, c, running_mean, running_var, float(eps), mean, invstd)
 
 
@@ -975,7 +975,7 @@ def bn_forward(x, mean, invstd, weight, bias, y):
     n, c, l = norm_shape.ncl("bn_forward", x.shape)
     norm_shape.same_shape("bn_forward", x.shape, y=y)
     mean, invstd, weight, bias = _dev(mean), _dev(invstd), _dev(weight), _dev(bias)
-    norm_shape.per_channel("bn_forward", c, mean=mean, invstd=invstd, weight=weight, bias=bias)
+    norm_shape.same_shape("bn_forward", (c,), mean=mean, invstd=invstd, weight=weight, bias=bias)
     _launch(_bn_forward_k, x.size, _flat(x), mean, invstd, weight, bias, _flat(y), l, c)
 
 
@@ -984,7 +984,7 @@ def bn_backward_stats(grad_y, x, mean, invstd, stats):
     n, c, l = norm_shape.ncl("bn_backward_stats", x.shape)
     norm_shape.same_shape("bn_backward_stats", x.shape, grad_y=grad_y)
     mean, invstd = _dev(mean), _dev(invstd)
-    norm_shape.per_channel("bn_backward_stats", c, mean=mean, invstd=invstd)
+    norm_shape.same_shape("bn_backward_stats", (c,), mean=mean, invstd=invstd)
     norm_shape.stats("bn_backward_stats", stats, c)
     _channel_sums(_bn_backward_stats_k, (grad_y.reshape(n, c, l), x.reshape(n, c, l), mean,
                                          invstd), n * l, c, stats)
@@ -1005,7 +1005,7 @@ def bn_param_grads(stats, grad_weight, grad_bias, accumulate):
     stats, grad_weight, grad_bias = _dev(stats), _dev(grad_weight), _dev(grad_bias)
     c = grad_weight.size
     norm_shape.stats("bn_param_grads", stats, c)
-    norm_shape.per_channel("bn_param_grads", c, grad_bias=grad_bias)
+    norm_shape.same_shape("bn_param_grads", (c,), grad_bias=grad_bias)
     _launch(_bn_param_grads_k, c, stats, grad_weight, grad_bias, bool(accumulate))
 
 
@@ -1033,7 +1033,7 @@ def bn_backward_input(grad_y, x, mean, invstd, weight, stats, count, grad_x):
     n, c, l = norm_shape.ncl("bn_backward_input", x.shape)
     norm_shape.same_shape("bn_backward_input", x.shape, grad_y=grad_y, grad_x=grad_x)
     mean, invstd, weight = _dev(mean), _dev(invstd), _dev(weight)
-    norm_shape.per_channel("bn_backward_input", c, mean=mean, invstd=invstd, weight=weight)
+    norm_shape.same_shape("bn_backward_input", (c,), mean=mean, invstd=invstd, weight=weight)
     norm_shape.stats("bn_backward_input", stats, c)
     count = norm_shape.count("bn_backward_input", count)
     if x.size == 0:

@@ -26,11 +26,6 @@ def same_shape(kind, want, **arrays):
             raise ValueError(f"{kind}: {name} {tuple(a.shape)} != {tuple(want)}")
 
 
-def per_channel(kind, c, **arrays):
-    """Every keyword array is a (C,) vector."""
-    same_shape(kind, (c,), **arrays)
-
-
 def stats(kind, a, c):
     """``a`` is the (2, C) float64 stats array of the contract."""
     if a.shape != (2, c) or a.dtype != np.float64:
