@@ -30,23 +30,28 @@ def _source_tree_kernels():
 
 _source_tree_kernels()
 
-# Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError.
-from mpitrain.comm import (Average, CollectiveError, CommSettings, Max, Min, Product, ReduceOp,
-                           Sum, allgather, allgather_object, allreduce, allreduce_, alltoall,
-                           barrier, broadcast, broadcast_, broadcast_object, cross_rank,
-                           cross_size, grouped_allreduce, grouped_allreduce_, init,
-                           install_abort_hook, is_initialized, local_rank, local_size, rank,
-                           reducescatter, shutdown, size)
-# What can run here (Horovod's build booleans): comm/build_info.py.
-from mpitrain.comm import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
-                           nccl_built)
-# Non-blocking collectives (comm/handles.py), process sets (comm/process_sets.py) and uneven
-# data (comm/join.py).
-from mpitrain.comm import (Handle, ProcessSet, add_process_set, allgather_async,
-                           allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
-                           broadcast_async_, global_process_set, grouped_allreduce_async,
-                           grouped_allreduce_async_, join, poll, process_sets,
-                           reducescatter_async, remove_process_set, synchronize)
+# Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError; non-blocking
+# forms (comm/handles.py), process sets, uneven data (comm/join.py) and what can run here
+# (Horovod's build booleans: comm/build_info.py).
+from mpitrain.comm.abort import install_abort_hook
+from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
+                                      nccl_built)
+from mpitrain.comm.check import CollectiveError
+from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
+                                       allgather_async, allgather_object, allreduce, allreduce_,
+                                       allreduce_async, allreduce_async_, alltoall,
+                                       alltoall_async, barrier, broadcast, broadcast_,
+                                       broadcast_async, broadcast_async_, broadcast_object,
+                                       grouped_allreduce, grouped_allreduce_,
+                                       grouped_allreduce_async, grouped_allreduce_async_,
+                                       reducescatter, reducescatter_async)
+from mpitrain.comm.handles import Handle, poll, synchronize
+from mpitrain.comm.join import join
+from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                        process_sets, remove_process_set)
+from mpitrain.comm.settings import CommSettings
+from mpitrain.comm.world import (cross_rank, cross_size, init, is_initialized, local_rank,
+                                 local_size, rank, shutdown, size)
 
 # Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
