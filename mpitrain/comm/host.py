@@ -15,7 +15,8 @@ sends them to device.py.
 
 Every function acts on the World it is given as ``state`` (world.py): the global set's or a
 process set's (process_sets.py); collectives.py resolves ``process_set=`` to it, so nothing here
-knows about process sets.
+knows about process sets. What each returns is its public twin's docstring (collectives.py);
+only what is particular to the host is written here.
 """
 import math
 import pickle
@@ -47,7 +48,6 @@ def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_fa
 
 
 def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """In-place allreduce; returns ``x``."""
     if x.__class__ is np.ndarray:
         flags = x.flags
         if flags.c_contiguous and flags.writeable:
@@ -173,18 +173,12 @@ class _Plan:
 
 def grouped_allreduce(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       fusion_threshold_bytes=None):
-    """Allreduce a list of arrays through the fusion buffer; returns a list of new arrays.
-
-    fusion_threshold_bytes: bucket size limit (0 = one allreduce per array); None takes the
-    settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
-    """
     return _grouped(state, "grouped_allreduce", xs, False, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
 
 def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        fusion_threshold_bytes=None):
-    """In-place grouped allreduce (e.g. gradients); returns the same list."""
     return _grouped(state, "grouped_allreduce_", xs, True, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
@@ -234,7 +228,6 @@ def _blocks(a, rows):
 
 
 def allgather(state, x, name=None):
-    """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
     comm = state.comm
     a, err = as_array(x, "allgather", min_ndim=1)
     fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
@@ -257,7 +250,6 @@ def broadcast(state, x, root_rank, name=None):
 
 
 def broadcast_(state, x, root_rank, name=None):
-    """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
     a, err = as_array(x, "broadcast_", in_place=True)
     return _broadcast_checked(state, "broadcast_", a, root_rank, name, err)
 
@@ -308,10 +300,6 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
 
 
 def alltoall(state, x, splits=None, name=None):
-    """Send rows splits[j] of ``x`` (in order) to rank j; returns out, or (out, received_splits).
-
-    Without ``splits`` the first dimension must divide evenly by the number of ranks.
-    """
     comm = state.comm
     size = comm.Get_size()
     a, err = as_array(x, "alltoall", min_ndim=1)
