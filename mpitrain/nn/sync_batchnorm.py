@@ -28,15 +28,14 @@ from mpitrain.nn.batchnorm import BatchNormBase
 def world_sum_(array, process_set=None):
     """Sum ``array`` in place over every rank (or a process set's), ordered after in-flight
     gradient buckets."""
-    from mpitrain import comm
-    from mpitrain.comm import handles
+    from mpitrain.comm import collectives, handles
     from mpitrain.comm.ops import on_device
-    ranks = comm.global_process_set if process_set is None else process_set
+    ranks = collectives.global_process_set if process_set is None else process_set
     if on_device(array):
-        comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm", process_set=ranks)
+        collectives.allreduce_(array, op=collectives.Sum, name="SyncBatchNorm", process_set=ranks)
         return
-    handles.ordered(lambda: comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm",
-                                            process_set=ranks))
+    handles.ordered(lambda: collectives.allreduce_(array, op=collectives.Sum, name="SyncBatchNorm",
+                                                   process_set=ranks))
 
 
 class SyncBatchNorm(BatchNormBase):
