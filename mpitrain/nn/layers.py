@@ -27,9 +27,10 @@ def _rng(seed):
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _check_positive(name, value):
-    if not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _check_positive(**values):
+    for name, value in values.items():
+        if not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _zeroed_grad(param):
@@ -98,8 +99,7 @@ class Linear(Layer):
     def __init__(self, in_features, out_features, relu=False, seed=0, dtype=np.float32,
                  kernels=None, init=None):
         super().__init__(kernels, dtype)
-        _check_positive("in_features", in_features)
-        _check_positive("out_features", out_features)
+        _check_positive(in_features=in_features, out_features=out_features)
         self.in_features, self.out_features, self.relu = in_features, out_features, bool(relu)
         scheme = init or ("he" if relu else "glorot")
         w = init_weight(_rng(seed), (out_features, in_features), in_features, out_features, scheme)
@@ -181,10 +181,8 @@ class Conv2D(Layer):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, relu=False,
                  seed=0, dtype=np.float32, kernels=None, init=None, bias=True):
         super().__init__(kernels, dtype)
-        _check_positive("in_channels", in_channels)
-        _check_positive("out_channels", out_channels)
-        _check_positive("kernel_size", kernel_size)
-        _check_positive("stride", stride)
+        _check_positive(in_channels=in_channels, out_channels=out_channels,
+                        kernel_size=kernel_size, stride=stride)
         if not isinstance(padding, (int, np.integer)) or padding < 0:
             raise ValueError(f"padding must be a non-negative integer, got {padding!r}")
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -285,9 +283,8 @@ class MaxPool2D(Layer):
 
     def __init__(self, kernel_size, stride=None, kernels=None, dtype=np.float32):
         super().__init__(kernels, dtype)
-        _check_positive("kernel_size", kernel_size)
         stride = kernel_size if stride is None else stride
-        _check_positive("stride", stride)
+        _check_positive(kernel_size=kernel_size, stride=stride)
         self.kernel_size, self.stride = kernel_size, stride
 
     def forward(self, x):
