@@ -83,24 +83,17 @@ def from_env(environ=None):
 def configure(threads=0, local_size=None):
     """Give this rank's BLAS ``threads`` threads (0: the default), Numba one, and the CPU
     convolution's gathered path as many (it runs while BLAS is idle); returns the number."""
+    import numba
+
     from mpitrain.kernels import cpu_conv
 
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:
         os.environ[key] = str(n)
-    _set_numba_threads(1)
+    numba.set_num_threads(1)
     _set_blas_threads(n)
     cpu_conv.THREADS = n
     return n
-
-
-def _set_numba_threads(n):
-    try:
-        import numba
-    except ImportError:
-        return
-    # The pool cannot grow past the size fixed at Numba's import (NUMBA_NUM_THREADS then).
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
 def _blas_libraries():
