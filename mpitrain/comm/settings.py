@@ -80,11 +80,10 @@ class CommSettings:
             _check_int("MPITRAIN_FUSION_THRESHOLD", self.fusion_threshold_bytes, 0)
         if self.local_size is not None:
             _check_int(NODE_SIZE_NAMES, self.local_size, 1)
-        if self.hierarchical not in (True, False):
-            raise ValueError(f"MPITRAIN_HIERARCHICAL_ALLREDUCE={self.hierarchical!r}: "
-                             f"expected 0 or 1")
-        if self.autotune not in (True, False):
-            raise ValueError(f"MPITRAIN_AUTOTUNE={self.autotune!r}: expected 0 or 1")
+        for key, value in (("MPITRAIN_HIERARCHICAL_ALLREDUCE", self.hierarchical),
+                           ("MPITRAIN_AUTOTUNE", self.autotune)):
+            if value not in (True, False):
+                raise ValueError(f"{key}={value!r}: expected 0 or 1")
         if self.autotune_log is not None and (not isinstance(self.autotune_log, str)
                                               or not self.autotune_log.strip()):
             raise ValueError(f"MPITRAIN_AUTOTUNE_LOG={self.autotune_log!r}: expected a file path")
@@ -100,10 +99,8 @@ class CommSettings:
     def from_env(cls, environ=None):
         """The settings the environment asks for (unset or empty variables: the defaults)."""
         raw = env_values(environ)
-        kw = {}
-        text = raw["algorithm"]
-        if text is not None:
-            kw["algorithm"] = text.lower()
+        kw = {field: raw[field].lower() for field in ("algorithm", "device_comm")
+              if raw[field] is not None}
         for field in ("ring_threshold_bytes", "ring_subchunk_bytes", "fusion_threshold_bytes",
                       "local_size", "autotune_steps", "autotune_warmup_steps"):
             if raw[field] is not None and _BUT in raw[field]:
@@ -113,8 +110,6 @@ class CommSettings:
                                        raw[field])
         if raw["check"] is not None:
             kw["check"] = raw["check"] != "0"
-        if raw["device_comm"] is not None:
-            kw["device_comm"] = raw["device_comm"].lower()
         for field in ("hierarchical", "autotune"):
             if raw[field] is not None:
                 kw[field] = _parse_flag(ENV[field], raw[field])
