@@ -59,8 +59,6 @@ def plan_buckets(sizes, dtypes, threshold_bytes, solo_bytes=SOLO_BYTES, consecut
     dtypes = [np.dtype(d) for d in dtypes]
     if len(dtypes) != len(sizes):
         raise ValueError(f"{len(sizes)} sizes but {len(dtypes)} dtypes")
-    if may_go_solo is None:
-        may_go_solo = [True] * len(sizes)
     order = range(len(sizes))
     if not consecutive:
         groups = {}
@@ -70,7 +68,7 @@ def plan_buckets(sizes, dtypes, threshold_bytes, solo_bytes=SOLO_BYTES, consecut
     buckets, current = [], None
     for i in order:
         n, dtype = int(sizes[i]), dtypes[i]
-        alone = bool(may_go_solo[i]) and n * dtype.itemsize >= solo_bytes
+        alone = (may_go_solo is None or bool(may_go_solo[i])) and n * dtype.itemsize >= solo_bytes
         if current is not None and (
                 dtype != current.dtype or (alone and consecutive)
                 or (not alone and (current.total + n) * dtype.itemsize > threshold_bytes)):
