@@ -178,7 +178,7 @@ class Timeline:
         out = []
         for ph, name, cat, tname, t0_ns, dur_ns, args in self._events:
             ev = {"name": name, "cat": cat, "ph": ph, "pid": self.rank,
-                  "tid": self._tid(tname),
+                  "tid": self._tids.setdefault(tname, len(self._tids)),
                   "ts": round((t0_ns - self._origin_ns) / 1e3 + shift_us, 3)}
             if ph == "X":
                 ev["dur"] = round(dur_ns / 1e3, 3)
@@ -195,11 +195,6 @@ class Timeline:
         meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
                   "args": {"name": tname}} for tname, tid in self._tids.items()]
         return meta + out
-
-    def _tid(self, tname):
-        if tname not in self._tids:
-            self._tids[tname] = len(self._tids)
-        return self._tids[tname]
 
     def _payload(self):
         """What one rank sends to rank 0: plain, picklable, no numpy."""
