@@ -62,12 +62,7 @@ def candidates(start, gradient_bytes):
     ``gradient_bytes`` plan alike: only the smallest of them)."""
     above = [t for t in THRESHOLDS if t >= gradient_bytes]
     thresholds = [t for t in THRESHOLDS if t < gradient_bytes] + above[:1]
-    trials = [start]
-    for t in thresholds:
-        for a in ALGORITHMS:
-            if Trial(t, a) not in trials:
-                trials.append(Trial(t, a))
-    return trials
+    return [start] + [Trial(t, a) for t in thresholds for a in ALGORITHMS if Trial(t, a) != start]
 
 
 class Autotuner:
