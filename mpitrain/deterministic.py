@@ -39,6 +39,7 @@ from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
 from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
 
+
 def check_ranks(size, what="deterministic=True"):
     """ValueError unless ``size`` ranks can share the fixed tree (a power of two)."""
     if not is_power_of_two(size):
