@@ -144,10 +144,11 @@ def calibrate(points, plans, net, mu, cores):
     """Compute-time records taken from the sweep itself: each model's N=1 measured step minus
     the predicted N=1 communication (packing). Validation is then of the communication model
     only, on N >= 2, but is immune to the machine being slower during the sweep than during the
-    step benchmark (shared machines)."""
+    step benchmark (shared machines). Points of models without a plan (not asked for) are
+    skipped, as ``validate`` skips them."""
     out = {}
     for p in points:
-        if int(p["ranks"]) == 1:
+        if int(p["ranks"]) == 1 and p["model"] in plans:
             _, comm = step_time(0.0, plans[p["model"]], 1, net, mu, 1, cores)
             out.setdefault(p["model"], []).append(
                 (int(p["per_rank_batch"]), p["step_time_ms"] / 1e3 - comm, p.get("threads"), None))

@@ -179,6 +179,9 @@ def test_validate_reports_relative_error():
     # Calibrated from the sweep's N=1 point: compute = 55 ms, so N=2 is predicted 5 ms slower.
     cal = pm.calibrate(pts, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2)
     assert cal == {"mlp": [(64, pytest.approx(0.055), None, None)]}
+    # a sweep that also has another model's points, with only mlp asked for (--model mlp)
+    other = [dict(p, model="lenet") for p in pts]
+    assert pm.calibrate(pts + other, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2) == cal
     rows = pm.validate(pts[:1], cal, {"mlp": [(4e6, 1)]}, net, 0.0, cores=2)
     assert rows[0]["predicted_ms"] == pytest.approx(exact * 1e3 + 5.0)
 
