@@ -1,6 +1,7 @@
 # mpitrain: `make run` trains on Fashion-MNIST with 2 ranks; `make test` runs the whole suite.
-# Everything is installed from nothing: a venv, the package with its test extras, and the MPI
-# runtime from PyPI (the `mpich` wheel). Use a system MPI with `make test MPIEXEC=/usr/bin/mpiexec`.
+# Everything is installed from nothing: a venv, the package and the MPI runtime from PyPI (the
+# `mpich` wheel); `make run` installs only that, `make test` adds the test extras. Use a system
+# MPI with `make test MPIEXEC=/usr/bin/mpiexec`.
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,34 +11,42 @@ MPIEXEC ?= $(CURDIR)/$(BIN)/mpiexec
 NP ?= 2
 # Hard wall-clock limit (seconds) for every mpiexec job, so a broken collective can never hang CI.
 MPI_TIMEOUT ?= 600
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
 # Tests: one BLAS/Numba thread per rank so 4 ranks on 2 cores do not oversubscribe.
-TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
-	MPITRAIN_TEST_TIMEOUT=$(MPI_TIMEOUT)
+TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: venv run test test-unit test-mpi test-cuda-sim test-e2e test-gpu gpu-check bench data lint loc \
+.PHONY: venv venv-run run test test-unit test-mpi test-cuda-sim test-e2e test-gpu gpu-check bench \
+	data lint loc \
 	clean
+
+# venv-run: what running needs (the package and the MPI wheel); venv: that plus the test extras.
+venv-run: $(RUN_STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): setup.py
+$(RUN_STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[mpich]'
+	touch $@
+
+$(STAMP): $(RUN_STAMP)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 # Fashion-MNIST: nothing if already found (--data-dir/MPITRAIN_DATA_DIR, ~/.cache/mpitrain,
 # /usr/share/datasets); else Debian's dataset-fashion-mnist when apt-get and root are available;
 # else download from the official source with SHA-256 checks (python -m mpitrain.data fetch).
-data: venv
+data: venv-run
 	@$(PY) -m mpitrain.data info fashion-mnist 2>/dev/null || \
 	{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  { apt-get update -qq || true; } && apt-get install -y -qq dataset-fashion-mnist; } || \
 	$(PY) -m mpitrain.data fetch fashion-mnist
 
-run: venv data
+run: venv-run data
 	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
 
 test: test-unit test-mpi test-cuda-sim test-e2e
@@ -66,8 +75,8 @@ test-gpu: venv
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
 
 # Everything the GPU needs in one command (benchmarks/gpu_check.py; README "GPU check"): one JSON
-# report and a log in out/gpu-check. No venv target: the lent GPU machine is offline and its
-# python3 has the GPU stack, so this runs the venv's python if there is one, else $(PYTHON), on
+# report and a log in out/gpu-check. No venv target: a GPU machine may be offline with the GPU
+# stack in its python3, so this runs the venv's python if there is one, else $(PYTHON), on
 # the source tree. Without a GPU: one line, at once. QUICK=1: about 3 minutes; ARGS: more flags.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:

@@ -9,9 +9,9 @@ array type: they ask ``get(device, flavour)`` for a backend module and call its 
                                                        (runs under NUMBA_ENABLE_CUDASIM=1 too)
 
 The contract every backend module implements (the names and parameters as code: contract.py,
-which the tests check against all three backends; arrays are the backend's own array type, C-contiguous,
-float32 or float64 unless stated; "in place" kernels return None; outputs are preallocated by the
-caller so steady-state training allocates nothing):
+which the tests check against all three backends; arrays are the backend's own array type,
+C-contiguous, float32 or float64 unless stated; "in place" kernels return None; outputs are
+preallocated by the caller so steady-state training allocates nothing):
 
 Memory
     name                                  str, e.g. "cpu", "cuda-numba", "cuda-cupy"
@@ -33,12 +33,35 @@ Dense layers
     relu(x, out)                          out = max(x, 0)
     relu_backward(y, grad_out, grad_in)   grad_in = grad_out * (y > 0)   (y: the ReLU output)
     bias_grad(grad_out, grad_bias)        grad_bias (F,) += grad_out (B, F).sum(axis=0)
+Activations (elementwise on flat views, any shape; y: the forward output, x: its input)
+    tanh(x, out) / tanh_backward(y, grad_out, grad_in)
+                                          out = tanh(x); grad_in = grad_out * (1 - y**2)
+    sigmoid(x, out) / sigmoid_backward(y, grad_out, grad_in)
+                                          out = 1 / (1 + exp(-x)), evaluated with exp(-|x|) only
+                                          (no overflow); grad_in = grad_out * y * (1 - y)
+    leaky_relu(x, out, negative_slope)    out = x if x > 0 else negative_slope * x
+    leaky_relu_backward(x, grad_out, grad_in, negative_slope)
+                                          grad_in = grad_out if x > 0 else negative_slope*grad_out
+    softmax(x, y)                         x, y (..., K): y = exp(x - max) / sum(exp(x - max))
+                                          over the last axis, row by row
+    softmax_backward(y, grad_out, grad_in)
+                                          grad_in = y * (grad_out - sum(grad_out * y)) per row
 Loss
     softmax_xent(logits, labels, grad, losses)
                                           logits (B, K), labels (B,) int64; per-sample loss
                                           -log softmax[label] into losses (B,), stable
                                           (log-sum-exp); grad = (softmax - onehot) / B
     count_correct(logits, labels) -> int  number of rows whose argmax equals the label
+    label_smoothing(logits, labels, grad, losses, smoothing)
+                                          turns softmax_xent's losses and grad (in place) into
+                                          those of the smoothed target q = (1 - e) * onehot + e/K
+                                          (e = smoothing): losses += e * (logits[label] -
+                                          mean(logits)); grad += e * (onehot - 1/K) / B
+    mse(x, target, grad, losses)          any shape, n = x.size: losses = (x - target)**2
+                                          elementwise; grad = 2 * (x - target) / n
+    bce_logits(x, target, grad, losses)   any shape, n = x.size: losses = max(x, 0) - x*target
+                                          + log1p(exp(-|x|)) (stable); grad = (sigmoid(x) -
+                                          target) / n
 Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order;
             device backends' shape check: kernels/host_shape.py)
     im2col(x, cols, kh, kw, stride, pad)  x (N, C, H, W) -> cols (N*OH*OW, C*KH*KW)
@@ -53,6 +76,11 @@ Pooling and dropout
                                           shape as y) holds the flat index h*W + w of the max
     maxpool_backward(grad_y, argmax, grad_x)
                                           overwrites grad_x with grad_y routed to the argmax
+    avgpool_forward(x, y, k, stride)      x (N, C, H, W) -> y (N, C, OH, OW): mean of each k x k
+                                          window, OH = (H - k) // stride + 1 (no padding)
+    avgpool_backward(grad_y, grad_x, k, stride)
+                                          overwrites grad_x with the sum over the windows that
+                                          hold each pixel of grad_y / (k*k) (a gather)
     dropout_forward(x, y, mask, p, seed)  mask[i] = 1/(1-p) or 0 from a counter-based hash of
                                           (seed, i) -- identical on every backend; y = x * mask.
                                           Exactly: mix = lowbias32 on uint32 (x ^= x>>16;
@@ -114,6 +142,15 @@ Optimizer updates (in place on param and state)
     adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step)
                                           PyTorch Adam (L2 weight decay added to grad),
                                           bias correction with the 1-based step
+    rmsprop_update(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay,
+                   momentum, centered)    PyTorch RMSprop: g = grad + wd*param;
+                                          square_avg = alpha*square_avg + (1-alpha)*g**2;
+                                          centered: grad_avg = alpha*grad_avg + (1-alpha)*g and
+                                          avg = sqrt(square_avg - grad_avg**2) + eps, else
+                                          avg = sqrt(square_avg) + eps; momentum: buf =
+                                          momentum*buf + g/avg, param -= lr*buf; else param -=
+                                          lr*g/avg (grad_avg, buf unused, may be None, when not
+                                          centered / momentum == 0)
 Collective reductions (host ring and device buffers)
     reduce_into(dst, src, op)             dst = op(dst, src) elementwise, flat, op one of
                                           "sum", "min", "max", "prod"; any dtype of the API

@@ -23,9 +23,21 @@ KERNELS = {
     "relu": ("x", "out"),
     "relu_backward": ("y", "grad_out", "grad_in"),
     "bias_grad": ("grad_out", "grad_bias"),
+    # activations
+    "tanh": ("x", "out"),
+    "tanh_backward": ("y", "grad_out", "grad_in"),
+    "sigmoid": ("x", "out"),
+    "sigmoid_backward": ("y", "grad_out", "grad_in"),
+    "leaky_relu": ("x", "out", "negative_slope"),
+    "leaky_relu_backward": ("x", "grad_out", "grad_in", "negative_slope"),
+    "softmax": ("x", "y"),
+    "softmax_backward": ("y", "grad_out", "grad_in"),
     # loss
     "softmax_xent": ("logits", "labels", "grad", "losses"),
     "count_correct": ("logits", "labels"),
+    "label_smoothing": ("logits", "labels", "grad", "losses", "smoothing"),
+    "mse": ("x", "target", "grad", "losses"),
+    "bce_logits": ("x", "target", "grad", "losses"),
     # convolution
     "im2col": ("x", "cols", "kh", "kw", "stride", "pad"),
     "col2im": ("cols", "dx", "kh", "kw", "stride", "pad"),
@@ -34,9 +46,11 @@ KERNELS = {
     # pooling and dropout
     "maxpool_forward": ("x", "y", "argmax", "k", "stride"),
     "maxpool_backward": ("grad_y", "argmax", "grad_x"),
+    "avgpool_forward": ("x", "y", "k", "stride"),
+    "avgpool_backward": ("grad_y", "grad_x", "k", "stride"),
     "dropout_forward": ("x", "y", "mask", "p", "seed"),
     "dropout_backward": ("grad_y", "mask", "grad_x"),
-    # normalisation, pooling and shortcuts (issue 11)
+    # normalisation, pooling and shortcuts
     "bn_stats": ("x", "stats"),
     "bn_moments": ("stats", "count", "eps", "momentum", "mean", "invstd", "running_mean",
                    "running_var"),
@@ -53,6 +67,8 @@ KERNELS = {
     "sgd_update": ("param", "grad", "buf", "lr", "momentum", "nesterov", "weight_decay"),
     "adam_update": ("param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay",
                     "step"),
+    "rmsprop_update": ("param", "grad", "square_avg", "grad_avg", "buf", "lr", "alpha", "eps",
+                       "weight_decay", "momentum", "centered"),
     # collective reductions
     "reduce_into": ("dst", "src", "op"),
 }

@@ -5,7 +5,7 @@ The contract (names, shapes, semantics) is the docstring of kernels/__init__.py.
 import numpy as np
 from numba import njit, prange  # noqa: F401
 
-from mpitrain.kernels import dropout_hash, half
+from mpitrain.kernels import dropout_hash, half, host_shape
 
 name = "cpu"
 
@@ -287,6 +287,132 @@ def bias_grad(grad_out, grad_bias):
             grad_bias[j] += grad_out[i, j]
 
 
+# Activations (elementwise, flat) and softmax (rows over the last axis) ------------------------
+
+@njit(cache=True, nogil=True)
+def _tanh(x, out):
+    for i in range(x.size):
+        out[i] = np.tanh(x[i])
+
+
+@njit(cache=True, nogil=True)
+def _tanh_backward(y, grad_out, grad_in):
+    for i in range(y.size):
+        grad_in[i] = grad_out[i] * (1.0 - y[i] * y[i])
+
+
+@njit(cache=True, nogil=True)
+def _sigmoid(x, out):
+    # exp of a non-positive number only: no overflow for large |x|
+    for i in range(x.size):
+        v = x[i]
+        if v >= 0:
+            out[i] = 1.0 / (1.0 + np.exp(-v))
+        else:
+            e = np.exp(v)
+            out[i] = e / (1.0 + e)
+
+
+@njit(cache=True, nogil=True)
+def _sigmoid_backward(y, grad_out, grad_in):
+    for i in range(y.size):
+        grad_in[i] = grad_out[i] * y[i] * (1.0 - y[i])
+
+
+@njit(cache=True, nogil=True)
+def _leaky_relu(x, out, negative_slope):
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v if v > 0 else v * negative_slope
+
+
+@njit(cache=True, nogil=True)
+def _leaky_relu_backward(x, grad_out, grad_in, negative_slope):
+    for i in range(x.size):
+        grad_in[i] = grad_out[i] if x[i] > 0 else grad_out[i] * negative_slope
+
+
+def tanh(x, out):
+    _same_size(out, x)
+    _tanh(_flat(x, "x"), _flat(out, "out"))
+
+
+def tanh_backward(y, grad_out, grad_in):
+    _same_size(grad_out, y)
+    _same_size(grad_in, y)
+    _tanh_backward(_flat(y, "y"), _flat(grad_out, "grad_out"), _flat(grad_in, "grad_in"))
+
+
+def sigmoid(x, out):
+    _same_size(out, x)
+    _sigmoid(_flat(x, "x"), _flat(out, "out"))
+
+
+def sigmoid_backward(y, grad_out, grad_in):
+    _same_size(grad_out, y)
+    _same_size(grad_in, y)
+    _sigmoid_backward(_flat(y, "y"), _flat(grad_out, "grad_out"), _flat(grad_in, "grad_in"))
+
+
+def leaky_relu(x, out, negative_slope):
+    _same_size(out, x)
+    _leaky_relu(_flat(x, "x"), _flat(out, "out"), float(negative_slope))
+
+
+def leaky_relu_backward(x, grad_out, grad_in, negative_slope):
+    _same_size(grad_out, x)
+    _same_size(grad_in, x)
+    _leaky_relu_backward(_flat(x, "x"), _flat(grad_out, "grad_out"), _flat(grad_in, "grad_in"),
+                         float(negative_slope))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _softmax(x, y):
+    rows, k = x.shape                           # (R, K)
+    for i in prange(rows):
+        m = x[i, 0]
+        for j in range(1, k):
+            if x[i, j] > m:
+                m = x[i, j]
+        s = 0.0
+        for j in range(k):
+            e = np.exp(x[i, j] - m)
+            y[i, j] = e
+            s += e
+        inv = 1.0 / s
+        for j in range(k):
+            y[i, j] = y[i, j] * inv
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _softmax_backward(y, grad_out, grad_in):
+    rows, k = y.shape                           # (R, K)
+    for i in prange(rows):
+        dot = 0.0
+        for j in range(k):
+            dot += grad_out[i, j] * y[i, j]
+        for j in range(k):
+            grad_in[i, j] = y[i, j] * (grad_out[i, j] - dot)
+
+
+def _as_rows(a, r, k, name):
+    """(R, K) view of a C-contiguous (..., K) array."""
+    return _flat(a, name).reshape((r, k))
+
+
+def softmax(x, y):
+    r, k = host_shape.rows("softmax", x.shape, y)
+    if r and k:
+        _softmax(_as_rows(x, r, k, "x"), _as_rows(y, r, k, "y"))
+
+
+def softmax_backward(y, grad_out, grad_in):
+    r, k = host_shape.rows("softmax_backward", y.shape, grad_out, grad_in)
+    if r and k:
+        _softmax_backward(_as_rows(y, r, k, "y"), _as_rows(grad_out, r, k, "grad_out"),
+                          _as_rows(grad_in, r, k, "grad_in"))
+
+
 # Loss --------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
@@ -326,6 +452,64 @@ def count_correct(logits, labels):
         if best == labels[i]:
             hits += 1
     return hits
+
+
+@njit(cache=True, nogil=True)
+def _label_smoothing(logits, labels, grad, losses, smoothing):
+    rows, k = logits.shape                      # (B, K)
+    inv_b = 1.0 / rows
+    off = smoothing * inv_b / k
+    for i in range(rows):
+        label = labels[i]
+        if label < 0 or label >= k:
+            raise ValueError("label_smoothing: label out of range [0, K)")
+        s = 0.0
+        for j in range(k):
+            s += logits[i, j]
+            grad[i, j] -= off
+        losses[i] += smoothing * (logits[i, label] - s / k)
+        grad[i, label] += smoothing * inv_b
+
+
+def label_smoothing(logits, labels, grad, losses, smoothing):
+    host_shape.xent("label_smoothing", logits, labels, grad, losses)
+    if logits.shape[0] and smoothing != 0:
+        _label_smoothing(logits, labels, grad, losses, float(smoothing))
+
+
+@njit(cache=True, nogil=True)
+def _mse(x, target, grad, losses, scale):
+    for i in range(x.size):
+        d = x[i] - target[i]
+        losses[i] = d * d
+        grad[i] = d * scale
+
+
+@njit(cache=True, nogil=True)
+def _bce_logits(x, target, grad, losses, inv_n):
+    for i in range(x.size):
+        v = x[i]
+        t = target[i]
+        e = np.exp(-abs(v))                     # <= 1: no overflow for any logit
+        losses[i] = (v if v > 0 else 0.0) - v * t + np.log1p(e)
+        p = 1.0 / (1.0 + e) if v >= 0 else e / (1.0 + e)
+        grad[i] = (p - t) * inv_n
+
+
+def mse(x, target, grad, losses):
+    for a in (target, grad, losses):
+        _same_size(a, x)
+    if x.size:
+        _mse(_flat(x, "x"), _flat(target, "target"), _flat(grad, "grad"),
+             _flat(losses, "losses"), 2.0 / x.size)
+
+
+def bce_logits(x, target, grad, losses):
+    for a in (target, grad, losses):
+        _same_size(a, x)
+    if x.size:
+        _bce_logits(_flat(x, "x"), _flat(target, "target"), _flat(grad, "grad"),
+                    _flat(losses, "losses"), 1.0 / x.size)
 
 
 # Convolution: im2col + GEMM ----------------------------------------------------------------------
@@ -469,6 +653,53 @@ def maxpool_backward(grad_y, argmax, grad_x):
                     grad_x[n, c, hi, at - hi * w] += grad_y[n, c, i, j]
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _avgpool_forward(x, y, k, stride):
+    n_img, chans = x.shape[0], x.shape[1]       # (N, C, H, W)
+    oh, ow = y.shape[2], y.shape[3]             # (N, C, OH, OW)
+    area = k * k
+    for n in prange(n_img):
+        for c in range(chans):
+            for i in range(oh):
+                for j in range(ow):
+                    s = 0.0
+                    for ki in range(k):
+                        for kj in range(k):
+                            s += x[n, c, i * stride + ki, j * stride + kj]
+                    y[n, c, i, j] = s / area
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _avgpool_backward(grad_y, grad_x, k, stride):
+    # gather: input pixel (h, w) sums the windows i, j with i*stride <= h < i*stride + k
+    n_img, chans, h_n, w_n = grad_x.shape       # (N, C, H, W)
+    oh, ow = grad_y.shape[2], grad_y.shape[3]   # (N, C, OH, OW)
+    area = k * k
+    for n in prange(n_img):
+        for c in range(chans):
+            for h in range(h_n):
+                i_lo = max(0, (h - k + stride) // stride)
+                i_hi = min(oh - 1, h // stride)
+                for w in range(w_n):
+                    j_lo = max(0, (w - k + stride) // stride)
+                    j_hi = min(ow - 1, w // stride)
+                    s = 0.0
+                    for i in range(i_lo, i_hi + 1):
+                        for j in range(j_lo, j_hi + 1):
+                            s += grad_y[n, c, i, j]
+                    grad_x[n, c, h, w] = s / area
+
+
+def avgpool_forward(x, y, k, stride):
+    host_shape.pool("avgpool_forward", x.shape, y.shape, k, stride)
+    _avgpool_forward(x, y, int(k), int(stride))
+
+
+def avgpool_backward(grad_y, grad_x, k, stride):
+    host_shape.pool("avgpool_backward", grad_x.shape, grad_y.shape, k, stride)
+    _avgpool_backward(grad_y, grad_x, int(k), int(stride))
+
+
 @njit(cache=True, nogil=True)
 def _mix32(x):
     """lowbias32 (Chris Wellons' 32-bit integer hash), on uint64 holding a uint32."""
@@ -550,6 +781,40 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
           float(beta1), float(beta2), float(eps), float(weight_decay), int(step))
 
 
+@njit(cache=True, nogil=True)
+def _rmsprop(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay, momentum,
+             centered):
+    for i in range(param.size):
+        g = grad[i] + weight_decay * param[i]
+        v = alpha * square_avg[i] + (1.0 - alpha) * g * g
+        square_avg[i] = v
+        if centered:
+            ga = alpha * grad_avg[i] + (1.0 - alpha) * g
+            grad_avg[i] = ga
+            v = v - ga * ga
+        step = g / (np.sqrt(v) + eps)
+        if momentum != 0.0:
+            b = momentum * buf[i] + step
+            buf[i] = b
+            step = b
+        param[i] = param[i] - lr * step
+
+
+def rmsprop_update(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay,
+                   momentum, centered):
+    _same_size(grad, param)
+    _same_size(square_avg, param)
+    flat = _flat(param, "param")
+    # grad_avg and buf are unused (and may be None) without centering / momentum
+    flat_avg = _flat(grad_avg, "grad_avg") if centered else flat
+    flat_buf = _flat(buf, "buf") if momentum != 0 else flat
+    _same_size(flat_avg, param)
+    _same_size(flat_buf, param)
+    _rmsprop(flat, _flat(grad, "grad"), _flat(square_avg, "square_avg"), flat_avg, flat_buf,
+             float(lr), float(alpha), float(eps), float(weight_decay), float(momentum),
+             bool(centered))
+
+
 # --- Collective reductions (comm): reduce_into(dst, src, op) ---
 # The ring reduces every received sub-chunk into the caller's buffer with these: one pass over
 # memory, in place, SIMD-vectorised by LLVM. Integer overflow wraps, as in MPI_Allreduce.
@@ -627,7 +892,7 @@ def reduce_into(dst, src, op):
         _REDUCE_NUMBA[op](dst, src)
 
 
-# BatchNorm, global average pooling, ResNet shortcut (issue 11): kernels/cpu_norm.py; the tuple
+# BatchNorm, global average pooling, ResNet shortcut: kernels/cpu_norm.py; the tuple
 # names them as this module's own (pyflakes sees a re-export only through a use).
 from mpitrain.kernels.cpu_norm import (bn_backward_input, bn_backward_stats,  # noqa: E402
                                        bn_eval_moments, bn_forward, bn_moments, bn_param_grads,

@@ -180,6 +180,139 @@ def bias_grad(grad_out, grad_bias):
     grad_bias += grad_out.sum(axis=0)                    # (F,)
 
 
+# --- Activations and softmax --------------------------------------------------------------------
+
+_tanh = cp.ElementwiseKernel("T x", "T out", "out = tanh(x)", "mpitrain_tanh")
+_tanh_backward = cp.ElementwiseKernel(
+    "T y, T g", "T gin", "gin = g * ((T)1 - y * y)", "mpitrain_tanh_backward")
+# exp of a non-positive number only: no overflow for large |x|
+_sigmoid = cp.ElementwiseKernel(
+    "T x", "T out",
+    "if (x >= (T)0) { out = (T)1 / ((T)1 + exp(-x)); } "
+    "else { T e = exp(x); out = e / ((T)1 + e); }", "mpitrain_sigmoid")
+_sigmoid_backward = cp.ElementwiseKernel(
+    "T y, T g", "T gin", "gin = g * y * ((T)1 - y)", "mpitrain_sigmoid_backward")
+_leaky_relu = cp.ElementwiseKernel(
+    "T x, T slope", "T out", "out = x > (T)0 ? x : x * slope", "mpitrain_leaky_relu")
+_leaky_relu_backward = cp.ElementwiseKernel(
+    "T x, T g, T slope", "T gin", "gin = x > (T)0 ? g : g * slope",
+    "mpitrain_leaky_relu_backward")
+
+
+def tanh(x, out):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("tanh", x, out)
+    _tanh(x, out)
+
+
+def tanh_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("tanh_backward", y, grad_out, grad_in)
+    _tanh_backward(y, grad_out, grad_in)
+
+
+def sigmoid(x, out):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("sigmoid", x, out)
+    _sigmoid(x, out)
+
+
+def sigmoid_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("sigmoid_backward", y, grad_out, grad_in)
+    _sigmoid_backward(y, grad_out, grad_in)
+
+
+def leaky_relu(x, out, negative_slope):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("leaky_relu", x, out)
+    _leaky_relu(x, _s(x, negative_slope), out)
+
+
+def leaky_relu_backward(x, grad_out, grad_in, negative_slope):
+    x, grad_out, grad_in = _flat(x), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("leaky_relu_backward", x, grad_out, grad_in)
+    _leaky_relu_backward(x, grad_out, _s(x, negative_slope), grad_in)
+
+
+# Row kernels (softmax over the last axis, label smoothing): one thread per row, like the
+# cross-entropy, sums in double; one RawKernel per source and dtype, compiled at first use.
+_SOFTMAX_SRC = r"""
+extern "C" __global__ void mpitrain_softmax(const T* x, T* y, int rows, int k) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* z = x + (long long)r * k;
+    T* p = y + (long long)r * k;
+    T top = z[0];
+    for (int j = 1; j < k; ++j) top = z[j] > top ? z[j] : top;
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) { T e = exp(z[j] - top); p[j] = e; s += (double)e; }
+    double inv = 1.0 / s;
+    for (int j = 0; j < k; ++j) p[j] = (T)((double)p[j] * inv);
+}
+"""
+_SOFTMAX_BACKWARD_SRC = r"""
+extern "C" __global__ void mpitrain_softmax_backward(const T* y, const T* g, T* gin, int rows,
+                                                     int k) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    long long base = (long long)r * k;
+    double dot = 0.0;
+    for (int j = 0; j < k; ++j) dot += (double)g[base + j] * (double)y[base + j];
+    for (int j = 0; j < k; ++j)
+        gin[base + j] = (T)((double)y[base + j] * ((double)g[base + j] - dot));
+}
+"""
+_LABEL_SMOOTHING_SRC = r"""
+extern "C" __global__ void mpitrain_label_smoothing(const T* logits, const long long* labels,
+                                                    T* grad, T* losses, double smoothing,
+                                                    int rows, int k) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* z = logits + (long long)r * k;
+    T* g = grad + (long long)r * k;
+    double off = smoothing / ((double)rows * k);
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) { s += (double)z[j]; g[j] = (T)((double)g[j] - off); }
+    long long label = labels[r];
+    losses[r] = (T)((double)losses[r] + smoothing * ((double)z[label] - s / k));
+    g[label] = (T)((double)g[label] + smoothing / rows);
+}
+"""
+_row_kernels = {}
+
+
+def _row_kernel(source, kernel_name, dtype):
+    key = (kernel_name, dtype.name)
+    if key not in _row_kernels:
+        ctype = {"float32": "float", "float64": "double"}[dtype.name]
+        _row_kernels[key] = cp.RawKernel(f"typedef {ctype} T;\n" + source, kernel_name)
+    return _row_kernels[key]
+
+
+def _launch_rows(source, kernel_name, dtype, rows, args):
+    if rows:
+        threads = 128
+        _row_kernel(source, kernel_name, dtype)(((rows + threads - 1) // threads,), (threads,),
+                                                args)
+
+
+def softmax(x, y):
+    x, y = _dev(x), _dev(y)
+    r, k = host_shape.rows("softmax", x.shape, y)
+    if k:
+        _launch_rows(_SOFTMAX_SRC, "mpitrain_softmax", x.dtype, r,
+                     (_flat(x), _flat(y), np.int32(r), np.int32(k)))
+
+
+def softmax_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _dev(y), _dev(grad_out), _dev(grad_in)
+    r, k = host_shape.rows("softmax_backward", y.shape, grad_out, grad_in)
+    if k:
+        _launch_rows(_SOFTMAX_BACKWARD_SRC, "mpitrain_softmax_backward", y.dtype, r,
+                     (_flat(y), _flat(grad_out), _flat(grad_in), np.int32(r), np.int32(k)))
+
+
 # --- Loss ---------------------------------------------------------------------------------------
 
 _XENT_SRC = r"""
@@ -228,6 +361,45 @@ def count_correct(logits, labels):
     if logits.shape[0] == 0:
         return 0
     return int((logits.argmax(axis=1) == labels).sum())  # argmax: first maximum, like NumPy
+
+
+def label_smoothing(logits, labels, grad, losses, smoothing):
+    logits, labels, grad, losses = _dev(logits), _dev(labels), _dev(grad), _dev(losses)
+    host_shape.xent("label_smoothing", logits, labels, grad, losses)
+    if labels.dtype != np.int64:
+        raise ValueError(f"label_smoothing: labels must be int64, got {labels.dtype}")
+    if smoothing != 0:
+        _launch_rows(_LABEL_SMOOTHING_SRC, "mpitrain_label_smoothing", logits.dtype,
+                     logits.shape[0], (logits, labels, grad, losses, np.float64(smoothing),
+                                       np.int32(logits.shape[0]), np.int32(logits.shape[1])))
+
+
+_mse = cp.ElementwiseKernel(
+    "T x, T t, T scale", "T grad, T losses",
+    "T d = x - t; losses = d * d; grad = d * scale", "mpitrain_mse")
+# exp(-|x|) <= 1: no overflow for any logit; log1p keeps the small terms
+_bce_logits = cp.ElementwiseKernel(
+    "T x, T t, T inv_n", "T grad, T losses",
+    """
+    T e = exp(x >= (T)0 ? -x : x);
+    losses = (x > (T)0 ? x : (T)0) - x * t + (T)log1p((double)e);
+    T p = x >= (T)0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);
+    grad = (p - t) * inv_n;
+    """, "mpitrain_bce_logits")
+
+
+def mse(x, target, grad, losses):
+    x, target, grad, losses = _flat(x), _flat(target), _flat(grad), _flat(losses)
+    host_shape.same_size("mse", x, target, grad, losses)
+    if x.size:
+        _mse(x, target, _s(x, 2.0 / x.size), grad, losses)
+
+
+def bce_logits(x, target, grad, losses):
+    x, target, grad, losses = _flat(x), _flat(target), _flat(grad), _flat(losses)
+    host_shape.same_size("bce_logits", x, target, grad, losses)
+    if x.size:
+        _bce_logits(x, target, _s(x, 1.0 / x.size), grad, losses)
 
 
 # --- Convolution --------------------------------------------------------------------------------
@@ -360,6 +532,51 @@ def maxpool_backward(grad_y, argmax, grad_x):
     _maxpool_backward(grad_y, argmax, hw_in, hw_out, grad_x)
 
 
+# gather over y (N, C, OH, OW), summed in double
+_avgpool_forward = cp.ElementwiseKernel(
+    "raw T x, int32 h_n, int32 w_n, int32 k, int32 stride, int32 oh_n, int32 ow_n", "T y",
+    """
+    int ow = i % ow_n, oh = (i / ow_n) % oh_n;
+    long long base = (i / ((long long)ow_n * oh_n)) * h_n * w_n;   // plane n * C + c
+    double s = 0.0;
+    for (int ki = 0; ki < k; ++ki)
+        for (int kj = 0; kj < k; ++kj)
+            s += (double)x[base + (long long)(oh * stride + ki) * w_n + ow * stride + kj];
+    y = (T)(s / (k * k));
+    """, "mpitrain_avgpool_forward")
+
+# gather over gx (N, C, H, W): the windows oh with oh*stride <= h < oh*stride + k
+_avgpool_backward = cp.ElementwiseKernel(
+    "raw T gy, int32 h_n, int32 w_n, int32 k, int32 stride, int32 oh_n, int32 ow_n", "T gx",
+    """
+    int w = i % w_n, h = (i / w_n) % h_n;
+    long long base = (i / ((long long)w_n * h_n)) * oh_n * ow_n;   // plane n * C + c
+    int i_lo = h - k + 1, j_lo = w - k + 1;
+    i_lo = i_lo <= 0 ? 0 : (i_lo + stride - 1) / stride;
+    j_lo = j_lo <= 0 ? 0 : (j_lo + stride - 1) / stride;
+    int i_hi = h / stride < oh_n - 1 ? h / stride : oh_n - 1;
+    int j_hi = w / stride < ow_n - 1 ? w / stride : ow_n - 1;
+    double s = 0.0;
+    for (int a = i_lo; a <= i_hi; ++a)
+        for (int b = j_lo; b <= j_hi; ++b)
+            s += (double)gy[base + (long long)a * ow_n + b];
+    gx = (T)(s / (k * k));
+    """, "mpitrain_avgpool_backward")
+
+
+def avgpool_forward(x, y, k, stride):
+    x, y = _dev(x), _dev(y)
+    oh, ow = host_shape.pool("avgpool_forward", x.shape, y.shape, k, stride)
+    _avgpool_forward(_flat(x), x.shape[2], x.shape[3], int(k), int(stride), oh, ow, _flat(y))
+
+
+def avgpool_backward(grad_y, grad_x, k, stride):
+    grad_y, grad_x = _dev(grad_y), _dev(grad_x)
+    oh, ow = host_shape.pool("avgpool_backward", grad_x.shape, grad_y.shape, k, stride)
+    _avgpool_backward(_flat(grad_y), grad_x.shape[2], grad_x.shape[3], int(k), int(stride),
+                      oh, ow, _flat(grad_x))
+
+
 _dropout_forward = cp.ElementwiseKernel(
     "T x, uint32 threshold, T keep_scale, uint32 seed_hash", "T y, T mask",
     """
@@ -435,6 +652,41 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     s = lambda value: _s(param, value)  # noqa: E731
     _adam(grad, s(lr / (1.0 - beta1 ** step)), s(beta1), s(beta2), s(eps), s(weight_decay),
           s(1.0 / np.sqrt(1.0 - beta2 ** step)), param, m, v)
+
+
+# grad_avg and buf are raw (indexed by i, never touched when unused), so the param may stand in
+# for them without centering / momentum
+_rmsprop = cp.ElementwiseKernel(
+    "T grad, T lr, T alpha, T eps, T wd, T momentum, bool centered",
+    "T param, T square_avg, raw T grad_avg, raw T buf",
+    """
+    T g = grad + wd * param;
+    T v = alpha * square_avg + ((T)1 - alpha) * g * g;
+    square_avg = v;
+    if (centered) {
+        T ga = alpha * grad_avg[i] + ((T)1 - alpha) * g;
+        grad_avg[i] = ga;
+        v = v - ga * ga;
+    }
+    T step = g / (sqrt(v) + eps);
+    if (momentum != (T)0) {
+        T b = momentum * buf[i] + step;
+        buf[i] = b;
+        step = b;
+    }
+    param = param - lr * step;
+    """, "mpitrain_rmsprop")
+
+
+def rmsprop_update(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay,
+                   momentum, centered):
+    param, grad, square_avg = _flat(param), _flat(grad), _flat(square_avg)
+    grad_avg = _flat(grad_avg) if centered else param
+    buf = _flat(buf) if momentum != 0 else param
+    host_shape.same_size("rmsprop_update", param, grad, square_avg, grad_avg, buf)
+    s = lambda value: _s(param, value)  # noqa: E731
+    _rmsprop(grad, s(lr), s(alpha), s(eps), s(weight_decay), s(momentum), bool(centered), param,
+             square_avg, grad_avg, buf)
 
 
 # --- Collective reductions ----------------------------------------------------------------------

@@ -467,6 +467,139 @@ def bias_grad(grad_out, grad_bias):
     _bias_sum_k[_grid(feats)](partials, grad_bias)
 
 
+# --- Activations and softmax --------------------------------------------------------------------
+# Constants arrive as scalars of the array's dtype (``one``), so float32 work stays in float32.
+
+@cuda.jit(cache=True)
+def _tanh_k(x, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = math.tanh(x[i])
+
+
+@cuda.jit(cache=True)
+def _tanh_backward_k(y, grad_out, grad_in, one):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        grad_in[i] = grad_out[i] * (one - y[i] * y[i])
+
+
+@cuda.jit(cache=True)
+def _sigmoid_k(x, out, one):
+    # exp of a non-positive number only: no overflow for large |x|
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        if v >= 0:
+            out[i] = one / (one + math.exp(-v))
+        else:
+            e = math.exp(v)
+            out[i] = e / (one + e)
+
+
+@cuda.jit(cache=True)
+def _sigmoid_backward_k(y, grad_out, grad_in, one):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        grad_in[i] = grad_out[i] * y[i] * (one - y[i])
+
+
+@cuda.jit(cache=True)
+def _leaky_relu_k(x, out, negative_slope):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        out[i] = v if v > 0 else v * negative_slope
+
+
+@cuda.jit(cache=True)
+def _leaky_relu_backward_k(x, grad_out, grad_in, negative_slope):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        grad_in[i] = grad_out[i] if x[i] > 0 else grad_out[i] * negative_slope
+
+
+def tanh(x, out):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("tanh", x, out)
+    _launch(_tanh_k, x.size, x, out)
+
+
+def tanh_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("tanh_backward", y, grad_out, grad_in)
+    _launch(_tanh_backward_k, y.size, y, grad_out, grad_in, _scalar(y, 1))
+
+
+def sigmoid(x, out):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("sigmoid", x, out)
+    _launch(_sigmoid_k, x.size, x, out, _scalar(out, 1))
+
+
+def sigmoid_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _flat(y), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("sigmoid_backward", y, grad_out, grad_in)
+    _launch(_sigmoid_backward_k, y.size, y, grad_out, grad_in, _scalar(y, 1))
+
+
+def leaky_relu(x, out, negative_slope):
+    x, out = _flat(x), _flat(out)
+    host_shape.same_size("leaky_relu", x, out)
+    _launch(_leaky_relu_k, x.size, x, out, _scalar(x, negative_slope))
+
+
+def leaky_relu_backward(x, grad_out, grad_in, negative_slope):
+    x, grad_out, grad_in = _flat(x), _flat(grad_out), _flat(grad_in)
+    host_shape.same_size("leaky_relu_backward", x, grad_out, grad_in)
+    _launch(_leaky_relu_backward_k, x.size, x, grad_out, grad_in,
+            _scalar(grad_out, negative_slope))
+
+
+@cuda.jit(cache=True)
+def _softmax_k(x, y, one):
+    # one thread per row of x (R, K), like the cross-entropy; the sum in float64
+    rows, k = x.shape
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        top = x[r, 0]
+        for j in range(1, k):
+            if x[r, j] > top:
+                top = x[r, j]
+        s = float64(0.0)
+        for j in range(k):
+            e = math.exp(x[r, j] - top)
+            y[r, j] = e
+            s += e
+        inv = one / s
+        for j in range(k):
+            y[r, j] = y[r, j] * inv
+
+
+@cuda.jit(cache=True)
+def _softmax_backward_k(y, grad_out, grad_in):
+    rows, k = y.shape
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        dot = float64(0.0)
+        for j in range(k):
+            dot += float64(grad_out[r, j]) * float64(y[r, j])
+        for j in range(k):
+            grad_in[r, j] = y[r, j] * (grad_out[r, j] - dot)
+
+
+def _rows(a, r, k):
+    """(R, K) view of a C-contiguous (..., K) device array."""
+    return _flat(a).reshape(r, k)
+
+
+def softmax(x, y):
+    x, y = _dev(x), _dev(y)
+    r, k = host_shape.rows("softmax", x.shape, y)
+    if r and k:
+        _launch(_softmax_k, r, _rows(x, r, k), _rows(y, r, k), _scalar(y, 1))
+
+
+def softmax_backward(y, grad_out, grad_in):
+    y, grad_out, grad_in = _dev(y), _dev(grad_out), _dev(grad_in)
+    r, k = host_shape.rows("softmax_backward", y.shape, grad_out, grad_in)
+    if r and k:
+        _launch(_softmax_backward_k, r, _rows(y, r, k), _rows(grad_out, r, k),
+                _rows(grad_in, r, k))
+
+
 # --- Loss ---------------------------------------------------------------------------------------
 
 @cuda.jit(cache=True)
@@ -520,6 +653,63 @@ def count_correct(logits, labels):
     partials = _scratch(blocks)
     _count_correct_k[blocks, tpb](logits, labels, partials)
     return int(round(partials.copy_to_host().sum()))
+
+
+@cuda.jit(cache=True)
+def _label_smoothing_k(logits, labels, grad, losses, smoothing):
+    rows, k = logits.shape
+    inv_rows = 1.0 / rows
+    off = smoothing * inv_rows / k
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        s = float64(0.0)
+        for j in range(k):
+            s += logits[r, j]
+            grad[r, j] -= off
+        label = labels[r]
+        losses[r] += smoothing * (logits[r, label] - s / k)
+        grad[r, label] += smoothing * inv_rows
+
+
+def label_smoothing(logits, labels, grad, losses, smoothing):
+    logits, labels, grad, losses = _dev(logits), _dev(labels), _dev(grad), _dev(losses)
+    host_shape.xent("label_smoothing", logits, labels, grad, losses)
+    if smoothing != 0:
+        _launch(_label_smoothing_k, logits.shape[0], logits, labels, grad, losses,
+                float(smoothing))
+
+
+@cuda.jit(cache=True)
+def _mse_k(x, target, grad, losses, scale):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        d = x[i] - target[i]
+        losses[i] = d * d
+        grad[i] = d * scale
+
+
+@cuda.jit(cache=True)
+def _bce_logits_k(x, target, grad, losses, inv_n, zero, one):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        t = target[i]
+        e = math.exp(-abs(v))                       # <= 1: no overflow for any logit
+        losses[i] = (v if v > 0 else zero) - v * t + math.log1p(e)
+        p = one / (one + e) if v >= 0 else e / (one + e)
+        grad[i] = (p - t) * inv_n
+
+
+def mse(x, target, grad, losses):
+    x, target, grad, losses = _flat(x), _flat(target), _flat(grad), _flat(losses)
+    host_shape.same_size("mse", x, target, grad, losses)
+    if x.size:
+        _launch(_mse_k, x.size, x, target, grad, losses, _scalar(x, 2.0 / x.size))
+
+
+def bce_logits(x, target, grad, losses):
+    x, target, grad, losses = _flat(x), _flat(target), _flat(grad), _flat(losses)
+    host_shape.same_size("bce_logits", x, target, grad, losses)
+    if x.size:
+        _launch(_bce_logits_k, x.size, x, target, grad, losses, _scalar(x, 1.0 / x.size),
+                _scalar(x, 0), _scalar(x, 1))
 
 
 # --- Convolution --------------------------------------------------------------------------------
@@ -679,6 +869,62 @@ def maxpool_backward(grad_y, argmax, grad_x):
                                                  hw_in, hw_out)
 
 
+@cuda.jit(cache=True)
+def _avgpool_forward_k(x, y, k, stride):
+    # gather over y (N, C, OH, OW), summed in float64
+    c_n = x.shape[1]
+    oh_n, ow_n = y.shape[2], y.shape[3]
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        ow = i % ow_n
+        oh = (i // ow_n) % oh_n
+        c = (i // (ow_n * oh_n)) % c_n
+        n = i // (ow_n * oh_n * c_n)
+        s = float64(0.0)
+        for ki in range(k):
+            for kj in range(k):
+                s += x[n, c, oh * stride + ki, ow * stride + kj]
+        y[n, c, oh, ow] = s / (k * k)
+
+
+@cuda.jit(cache=True)
+def _avgpool_backward_k(grad_y, grad_x, k, stride):
+    # gather over grad_x (N, C, H, W): the windows oh with oh*stride <= h < oh*stride + k
+    c_n, h_n, w_n = grad_x.shape[1], grad_x.shape[2], grad_x.shape[3]
+    oh_n, ow_n = grad_y.shape[2], grad_y.shape[3]
+    for i in range(cuda.grid(1), grad_x.size, cuda.gridsize(1)):
+        w = i % w_n
+        h = (i // w_n) % h_n
+        c = (i // (w_n * h_n)) % c_n
+        n = i // (w_n * h_n * c_n)
+        i_lo = h - k + 1
+        i_lo = 0 if i_lo <= 0 else (i_lo + stride - 1) // stride
+        i_hi = h // stride
+        if i_hi > oh_n - 1:
+            i_hi = oh_n - 1
+        j_lo = w - k + 1
+        j_lo = 0 if j_lo <= 0 else (j_lo + stride - 1) // stride
+        j_hi = w // stride
+        if j_hi > ow_n - 1:
+            j_hi = ow_n - 1
+        s = float64(0.0)
+        for a in range(i_lo, i_hi + 1):
+            for b in range(j_lo, j_hi + 1):
+                s += grad_y[n, c, a, b]
+        grad_x[n, c, h, w] = s / (k * k)
+
+
+def avgpool_forward(x, y, k, stride):
+    x, y = _dev(x), _dev(y)
+    host_shape.pool("avgpool_forward", x.shape, y.shape, k, stride)
+    _launch(_avgpool_forward_k, y.size, x, y, int(k), int(stride))
+
+
+def avgpool_backward(grad_y, grad_x, k, stride):
+    grad_y, grad_x = _dev(grad_y), _dev(grad_x)
+    host_shape.pool("avgpool_backward", grad_x.shape, grad_y.shape, k, stride)
+    _launch(_avgpool_backward_k, grad_x.size, grad_y, grad_x, int(k), int(stride))
+
+
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
@@ -768,6 +1014,37 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
         _adam_k[_grid(param.size)](param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1),
                                    s(beta2), s(eps), s(weight_decay),
                                    s(1 / math.sqrt(1 - beta2 ** step)))
+
+
+@cuda.jit(cache=True)
+def _rmsprop_k(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay, momentum,
+               centered, one):
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        g = grad[i] + weight_decay * param[i]
+        v = alpha * square_avg[i] + (one - alpha) * g * g
+        square_avg[i] = v
+        if centered:
+            ga = alpha * grad_avg[i] + (one - alpha) * g
+            grad_avg[i] = ga
+            v = v - ga * ga
+        step = g / (math.sqrt(v) + eps)
+        if momentum != 0:
+            b = momentum * buf[i] + step
+            buf[i] = b
+            step = b
+        param[i] = param[i] - lr * step
+
+
+def rmsprop_update(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay,
+                   momentum, centered):
+    # grad_avg and buf are unused (and may be None) without centering / momentum
+    param, grad, square_avg = _flat(param), _flat(grad), _flat(square_avg)
+    grad_avg = _flat(grad_avg) if centered else param
+    buf = _flat(buf) if momentum != 0 else param
+    host_shape.same_size("rmsprop_update", param, grad, square_avg, grad_avg, buf)
+    s = lambda v: _scalar(param, v)  # noqa: E731
+    _launch(_rmsprop_k, param.size, param, grad, square_avg, grad_avg, buf, s(lr), s(alpha),
+            s(eps), s(weight_decay), s(momentum), bool(centered), s(1))
 
 
 # --- Collective reductions ----------------------------------------------------------------------

@@ -57,9 +57,12 @@ from mpitrain.comm.world import (cross_rank, cross_size, init, is_initialized, l
 # compression.
 from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
                                   broadcast_parameters)
+# Checkpoints for your own loop: mt.checkpoint.save / load_latest (collective, rank 0 writes).
+from mpitrain import checkpoint
 
 # Evaluation (evaluation.py): every test sample scored once, counts summed across ranks.
 from mpitrain.evaluation import evaluate
+from mpitrain.metric import Metric
 
 # The timeline switched on and off at run time (tracing.py; --timeline does a whole CLI run).
 from mpitrain.tracing import start_timeline, stop_timeline
@@ -84,7 +87,8 @@ __all__ = [
     "mpi_built", "mpi_threads_supported", "nccl_built", "cuda_built", "is_homogeneous",
     # training
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression",
-    "evaluate", "start_timeline", "stop_timeline",
+    "checkpoint",
+    "evaluate", "Metric", "start_timeline", "stop_timeline",
     # model side
     "nn", "optim", "data", "models",
 ]

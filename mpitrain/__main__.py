@@ -5,11 +5,7 @@ forever in their next collective (ChainerMN's except hook explains why Python MP
 comm layer's abort hook prints the failing rank's traceback and calls MPI Abort. Bad input is not
 such an exception: cli.run_cli turns it into one line on rank 0 and exit code 2 on every rank.
 """
-import sys
-
-from mpitrain.cli import run_cli
-from mpitrain.comm import abort
+from mpitrain.cli import main
 
 if __name__ == "__main__":
-    abort.install_abort_hook()
-    sys.exit(run_cli())
+    main()

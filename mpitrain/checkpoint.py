@@ -1,9 +1,9 @@
 """Checkpoints: one ``.npz`` per save, atomic, checksummed, with no per-rank state and no pickle.
 
 What a checkpoint holds is exactly what every rank agrees on after a synchronised step: the
-parameters and buffers (keyed by name), the optimizer state, and a JSON ``meta`` record (step, epoch, position
-in the epoch's permutation, seed, model, ...). Nothing in it depends on the number of ranks, so a
-job resumes on any N.
+parameters and buffers (keyed by name), the optimizer state, and a JSON ``meta`` record (step,
+epoch, position in the epoch's permutation, seed, model, ...). Nothing in it depends on the number
+of ranks, so a job resumes on any N.
 
     ckpt-00000120.npz
         __meta__       0-d unicode array: JSON (step, epoch, ..., the optimizer state's layout)
@@ -17,23 +17,38 @@ job resumes on any N.
 Writes are atomic: a temporary file in the same folder, flushed and fsynced, then ``os.replace``d
 over the final name (and the folder fsynced), so a crash leaves either the old set of files or the
 new one, never a torn file under a final name. Loading uses ``allow_pickle=False`` and verifies the
-checksum; ``load_latest`` skips damaged files and takes the newest valid one. Only rank 0 calls
-``save`` (train.py); ``keep`` bounds how many are kept.
+checksum; ``read_latest`` skips damaged files and takes the newest valid one.
+
+Two levels, one format:
+- ``write`` / ``read_latest`` / ``load``: one process, plain data (host arrays, dicts). The CLI's
+  trainer (train.py) calls them on rank 0 and broadcasts what it read.
+- ``save(directory, model, optimizer, step=..., extra=...)`` / ``load_latest(directory, model,
+  optimizer)``: collective, for your own loop. Every rank calls them; rank 0 alone touches the
+  folder; a failure on rank 0 (a full disk, a checkpoint that does not fit the model) is the same
+  CheckpointError on every rank, never one rank raising while the others wait. ``extra`` (your
+  epoch, ...) sits at the top level of ``__meta__`` beside ``step``, as the CLI's epoch and model
+  do, so both kinds of checkpoint are the same file.
 """
 import hashlib
 import json
 import os
 import re
+import sys
 import zipfile
 
 import numpy as np
 
 from mpitrain import atomic
+from mpitrain.comm import collectives, world
 from mpitrain.config import UsageError
+from mpitrain.distributed import DistributedOptimizer
 
 FORMAT = 1
 KEEP = 3
 _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
+_ZIP = b"PK\x03\x04"    # np.savez writes a zip archive; its first local header starts the file
+# __meta__ keys of the format itself; save(extra=...) may not use them
+_RESERVED = ("format", "step", "param_names", "optimizer_layout")
 
 
 class CheckpointError(UsageError):
@@ -60,7 +75,7 @@ def atomic_savez(path, arrays):
     return atomic.write(path, lambda f: np.savez(f, **arrays), suffix=".npz")
 
 
-def save(directory, step, params, optimizer_state, meta, keep=KEEP):
+def write(directory, step, params, optimizer_state, meta, keep=KEEP):
     """Write ``ckpt-<step>.npz`` atomically, then delete all but the newest ``keep``; its path.
 
     params: dict name -> ndarray (host); optimizer_state: nested dicts/lists/tuples of numbers,
@@ -96,6 +111,13 @@ def load(path):
     """Read and verify one checkpoint; CheckpointError (one line) if it cannot be used."""
     path = os.fspath(path)
     try:
+        with open(path, "rb") as f:
+            head = f.read(len(_ZIP))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_one_line(exc)})") from None
+    if head != _ZIP:    # np.load would take it for a pickle and advise allow_pickle=True
+        raise CheckpointError(f"{path}: not a .npz checkpoint (no zip header)")
+    try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {key: z[key] for key in z.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
@@ -114,7 +136,7 @@ def load(path):
     return Checkpoint(path, params, optimizer_state, meta)
 
 
-def load_latest(directory):
+def read_latest(directory):
     """(newest valid Checkpoint or None, [one-line reasons for newer files that were skipped]).
 
     None when the folder has no checkpoint files; CheckpointError when it has some and none is
@@ -129,6 +151,123 @@ def load_latest(directory):
     if skipped:
         raise CheckpointError(f"no valid checkpoint in {directory}: {skipped[0]}")
     return None, skipped
+
+
+# -- collective: your own loop ---------------------------------------------------------------------
+def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
+    """Checkpoint ``model`` and ``optimizer`` as ``<directory>/ckpt-<step>.npz``; its path.
+
+    Collective: every rank calls it with the same arguments; rank 0 alone writes (its model and
+    optimizer state: with plain BatchNorm, its own running statistics -- average them first to
+    write their mean) and then deletes all but the newest ``keep`` files (None: keeps them all).
+    optimizer: an mt.optim optimizer or a DistributedOptimizer (its inner optimizer's state).
+    step: default the optimizer's update count; it must not be lower than a checkpoint already
+    in the folder (``keep`` deletes the lowest steps first). extra: a JSON-able dict (your
+    epoch, ...) that ``load_latest`` returns beside "step". A failure (a full disk, a folder
+    that cannot be created) is the same CheckpointError on every rank.
+    """
+    directory = os.fspath(directory)
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    step = inner.steps if step is None else step
+    try:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"checkpoint.save: step {step!r} must be an integer >= 0")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, np.integer))
+                                 or keep < 1):
+            raise ValueError(f"checkpoint.save: keep {keep!r} must be an integer >= 1 or None")
+        extra, error = _plain_extra(extra), None
+    except ValueError as exc:
+        error = str(exc)
+    _raise_on_every_rank(error, ValueError)     # before rank 0 writes anything
+    path = None
+    if world.rank() == 0:
+        try:
+            newer = [old for s, old in list_checkpoints(directory) if s > step]
+            if newer:
+                raise CheckpointError(f"{directory} holds {os.path.basename(newer[-1])}, newer "
+                                      f"than step {step}: resume from it (load_latest) or save "
+                                      f"into an empty folder")
+            path = write(directory, step, model.state_dict(copy=True), inner.state_dict(),
+                         extra, keep=keep or 0)
+        except CheckpointError as exc:
+            error = str(exc)
+        except (OSError, TypeError, ValueError) as exc:
+            error = f"cannot write a checkpoint in {directory}: {_one_line(exc)}"
+    path, error = collectives.broadcast_object((path, error), root_rank=0)
+    if error is not None:
+        raise CheckpointError(error)
+    return path
+
+
+def load_latest(directory, model, optimizer):
+    """Load the newest valid checkpoint in ``directory`` into ``model`` and ``optimizer``; its
+    meta ``{"step": ..., **extra}``, or None when the folder holds no checkpoint.
+
+    Collective: rank 0 reads the folder, skipping damaged files with a one-line warning on
+    stderr, and broadcasts the checkpoint; every rank loads it and returns the same meta (or
+    None). A folder of damaged files only, or a checkpoint that does not fit the model or the
+    optimizer (as ``save`` takes them), is the same CheckpointError on every rank.
+    """
+    directory = os.fspath(directory)
+    found, error = None, None
+    if world.rank() == 0:
+        try:
+            checkpoint, skipped = read_latest(directory)
+            for reason in skipped:
+                print(f"mpitrain: warning: skipping {reason}", file=sys.stderr, flush=True)
+            if checkpoint is not None:
+                meta = {k: v for k, v in checkpoint.meta.items() if k not in _RESERVED}
+                found = (checkpoint.path, checkpoint.params, checkpoint.optimizer_state,
+                         dict(step=checkpoint.step, **meta))
+        except CheckpointError as exc:
+            error = str(exc)
+        except OSError as exc:
+            error = f"cannot read checkpoints in {directory}: {_one_line(exc)}"
+    found, error = collectives.broadcast_object((found, error), root_rank=0)
+    if error is not None:
+        raise CheckpointError(error)
+    if found is None:
+        return None
+    path, params, optimizer_state, meta = found
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    try:
+        what = "model"
+        model.load_state_dict(params)
+        what = "optimizer"
+        inner.load_state_dict(optimizer_state)
+    except (ValueError, TypeError, KeyError) as exc:
+        error = f"{path} does not fit this {what}: {_one_line(exc)}"
+    # every rank loads the same data, but a rank whose model differs must not raise alone
+    _raise_on_every_rank(error, CheckpointError)
+    return meta
+
+
+def _raise_on_every_rank(error, kind):
+    """Collective: raise ``kind`` on every rank if any rank has an ``error`` (its own first)."""
+    errors = [e for e in collectives.allgather_object(error) if e is not None]
+    if errors:
+        raise kind(error if error is not None else errors[0])
+
+
+def _plain_extra(extra):
+    """``extra`` as JSON reads it back (NumPy scalars as Python numbers); ValueError if it is not
+    a JSON-able dict or uses a key of the format."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"checkpoint.save: extra must be a dict, got {type(extra).__name__}")
+    clash = [k for k in extra if k in _RESERVED]
+    if clash:
+        raise ValueError(f"checkpoint.save: extra keys {clash} are the checkpoint's own")
+
+    def scalar(obj):
+        if isinstance(obj, np.generic) or (isinstance(obj, np.ndarray) and obj.ndim == 0):
+            return obj.item()
+        raise TypeError(f"{type(obj).__name__} is not JSON-able")
+    try:
+        return json.loads(json.dumps(extra, default=scalar))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"checkpoint.save: extra {_one_line(exc)}") from None
 
 
 def _checksum(arrays):

@@ -6,7 +6,11 @@ name (argparse.SUPPRESS), which gives the layering defaults < env < flags.
 
 Bad input is a ``UsageError`` (or the data layer's ``DataError``): every rank reaches it from the
 same config (or from a value agreed across ranks in train.py), rank 0 alone prints one line, and
-every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written.
+every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written. A file
+that cannot be written mid-run (a full disk) is the same on every rank too: one line, exit code
+1. Ctrl-C is one line on rank 0 with the step reached and the last checkpoint, exit code 130,
+and the process ends without MPI_Finalize (``finish``): a rank the signal did not reach may
+still wait in a collective, and the launcher ends it.
 """
 import argparse
 import os
@@ -16,6 +20,8 @@ from mpitrain import config as cfg
 from mpitrain.config import UsageError
 
 EXIT_USAGE = 2
+EXIT_OUTPUT = 1
+EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,26 +96,47 @@ def _rank():
 
 
 def run_cli(argv=None):
-    """Parse, train, and turn bad input into one line on rank 0 plus exit code 2."""
+    """Parse and train; bad input, an unwritable output and Ctrl-C are one line on rank 0 and
+    exit codes EXIT_USAGE, EXIT_OUTPUT and EXIT_INTERRUPTED (returned, not raised)."""
+    from mpitrain import train
     from mpitrain.data import DataError
     try:
-        config = parse(argv)
-        from mpitrain import train
-        train.run(config)
+        train.run(parse(argv))
     except (UsageError, DataError) as exc:
-        if _rank() == 0:
-            print(f"mpitrain: error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return _fail(f"mpitrain: error: {exc}", EXIT_USAGE)
+    except train.OutputError as exc:
+        return _fail(f"mpitrain: error: {exc}", EXIT_OUTPUT)
+    except train.Interrupted as exc:
+        return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
+    except KeyboardInterrupt:                   # while parsing or importing
+        return _fail("mpitrain: interrupted while starting", EXIT_INTERRUPTED)
     except SystemExit as exc:  # --help: printed on rank 0, exit code 0 everywhere
         return exc.code
     return 0
+
+
+def _fail(line, code):
+    if _rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def finish(code):
+    """End the process with ``code``. After Ctrl-C without MPI_Finalize: a rank the signal did
+    not reach may wait in a collective for ever, and finalising would wait for it; a process
+    that exits without it makes the launcher end the job."""
+    if code == EXIT_INTERRUPTED:
+        from mpitrain.comm import abort
+        abort.exit_now(code)
+    sys.exit(code)
 
 
 def main(argv=None):
     """Console-script entry point (``mpitrain ...``); same as ``python -m mpitrain``."""
     from mpitrain.comm import abort
     abort.install_abort_hook()
-    return run_cli(argv)
+    finish(run_cli(argv))
 
 
-__all__ = ["build_parser", "parse", "main", "run_cli", "EXIT_USAGE"]
+__all__ = ["build_parser", "parse", "main", "run_cli", "finish", "EXIT_USAGE", "EXIT_OUTPUT",
+           "EXIT_INTERRUPTED"]

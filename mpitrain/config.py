@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from mpitrain import env
+
 AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS (config imports no data)
 LR_SCHEDULES = ("constant", "step", "cosine")   # mpitrain.optim.SCHEDULES
 NORMALIZATIONS = ("fixed", "train", "none")    # mpitrain.data.NORMALIZATIONS
@@ -139,10 +141,16 @@ class Config:
     checkpoint_dir: Optional[str] = _opt(None, "folder for checkpoints (rank 0 writes)")
     checkpoint_every: int = _opt(0, "steps between checkpoints (0 = only at the end); "
                                     "needs --checkpoint-dir")
-    resume: bool = _opt(False, "continue from the newest valid checkpoint in --checkpoint-dir")
+    resume: bool = _opt(False, "continue from the newest valid checkpoint in --checkpoint-dir "
+                               "(a folder that does not exist is an error)")
+    resume_if_exists: bool = _opt(False, "--resume when --checkpoint-dir holds checkpoints, else "
+                                         "start at step 0 (the first launch and every restart "
+                                         "can run the same command)")
+    keep_checkpoints: int = _opt(3, "checkpoints kept in --checkpoint-dir: the newest K (0 = all)")
     save: Optional[str] = _opt(None, "write the final parameters to this .npz (keys: names)")
     metrics_json: Optional[str] = _opt(None, "append JSON-lines metrics to this file (rank 0)")
-    no_progress: bool = _opt(False, "no progress bar")
+    no_progress: bool = _opt(False, "no progress bar (there is none when stderr is not a "
+                                    "terminal: a log gets the evaluation lines only)")
     eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
     dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
                                "(0 = none)")
@@ -173,7 +181,7 @@ class Config:
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
-                    "eval_every": 0, "threads": 0, "seed": 0, "steps": 1}
+                    "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
@@ -185,8 +193,9 @@ class Config:
             if not ok:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be {rule}")
         self._validate_recipe()
-        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
-            what = "--resume" if self.resume else f"--checkpoint-every {self.checkpoint_every}"
+        if (self.checkpoint_every or self.resuming) and not self.checkpoint_dir:
+            what = ("--resume" if self.resume else "--resume-if-exists" if self.resume_if_exists
+                    else f"--checkpoint-every {self.checkpoint_every}")
             raise UsageError(f"{what} needs --checkpoint-dir")
         if self.average == "weights" and self.checkpoint_every % self.average_every:
             # Between averages the replicas differ; a checkpoint must hold one model, not N.
@@ -260,6 +269,11 @@ class Config:
                 raise UsageError(f"--crop-padding {self.crop_padding}: must be in [0, "
                                  f"{min(shape[-2:])}) for {shape[-2]}x{shape[-1]} images")
 
+    @property
+    def resuming(self):
+        """--resume or --resume-if-exists: continue from a checkpoint when there is one."""
+        return self.resume or self.resume_if_exists
+
     def sample_shape(self):
         """The per-sample shape the job's data will have (synthetic: the model's input)."""
         return DATASET_SHAPES.get(self.dataset) or MODEL_SHAPES.get(self.model, (1, 28, 28))
@@ -329,3 +343,6 @@ def from_env(environ=None, base=None):
 
 def fields():
     return dataclasses.fields(Config)
+
+
+env.declare(*(env_name(f.name) for f in fields()), *ENV_ALIASES.values())

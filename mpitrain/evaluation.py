@@ -5,12 +5,24 @@ accuracies. That sampler pads or drops (at N=3 and 10,000 samples: 9,999 or 10,0
 an average of per-rank accuracies weighs unequal shards equally. Here rank r scores samples r,
 r+N, ... (``mt.data.shard``: no padding, no dropping) and the ranks add up correct answers,
 losses and sample counts in one allreduce, so the accuracy is the whole test set's, for any N.
+
+The ranks evaluate one model only if they hold one. Parameters stay equal under
+DistributedOptimizer, but plain BatchNorm keeps each rank's running statistics of its own samples,
+and rank r would score its share with rank r's statistics. So ``evaluate`` first compares them:
+one allreduce (Max) of every such buffer and its negation, which gives every rank the elementwise
+largest and smallest value across ranks (small: two numbers per channel; SyncBatchNorm's are
+equal by construction and left out). Where they differ, rank 0 prints one warning line naming
+the first differing buffer and its largest spread, and how to make them agree.
 """
+import sys
+
 import numpy as np
 
-from mpitrain.comm import collectives
+from mpitrain.comm import collectives, world
 from mpitrain.data.sampler import shard
+from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.loss import SoftmaxCrossEntropy
+from mpitrain.nn.sync_batchnorm import SyncBatchNorm
 
 
 def evaluate(model, dataset, batch_size=1000, loss_fn=None):
@@ -19,12 +31,15 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=None):
     Collective: every rank calls it and gets the same dict ``{"accuracy", "loss", "correct",
     "total"}``. Batches go to the model's backend and are reshaped to ``model.input_shape``
     where the model has one; the model runs in eval mode and is put back in its previous mode.
+    Plain BatchNorm running statistics that differ across ranks get one warning line (rank 0,
+    stderr; see ``check_batchnorm_statistics``).
     loss_fn: a SoftmaxCrossEntropy to reuse (default: a new one on the model's backend).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
         raise ValueError(f"evaluate: batch_size {batch_size!r} must be an integer >= 1")
     kernels = model.kernels
+    check_batchnorm_statistics(model)
     loss_fn = SoftmaxCrossEntropy(kernels=kernels) if loss_fn is None else loss_fn
     shape = getattr(model, "input_shape", None)
     mine = shard(len(dataset.labels))
@@ -50,3 +65,37 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=None):
     correct, total, loss_sum = int(totals[0]), int(totals[1]), float(totals[2])
     return {"accuracy": correct / total if total else 0.0,
             "loss": loss_sum / total if total else 0.0, "correct": correct, "total": total}
+
+
+def check_batchnorm_statistics(model):
+    """Collective: whether ``model``'s plain BatchNorm running statistics are the same on every
+    rank; where they are not, rank 0 prints one warning line on stderr.
+
+    Every rank makes the same call (none at N=1 or for a model without plain BatchNorm): one
+    allreduce (Max) of each buffer and its negation, in float64.
+    """
+    modules = model.named_modules() if hasattr(model, "named_modules") else []
+    named = [(f"{prefix}.{name}" if prefix else name, buffer) for prefix, module in modules
+             if isinstance(module, BatchNormBase) and not isinstance(module, SyncBatchNorm)
+             for name, buffer in module.named_buffers()]
+    if world.size() == 1 or not named:
+        return True
+    k = model.kernels
+    host = [np.asarray(k.to_host(b), np.float64).ravel() for _, b in named]        # (C,) each
+    flat = np.concatenate(host)                                                      # (S,)
+    bounds = collectives.allreduce(np.concatenate([flat, -flat]), op=collectives.Max,
+                                   name="evaluate.batchnorm_statistics")             # (2S,)
+    spread = bounds[:flat.size] + bounds[flat.size:]         # max - min across ranks, per value
+    if not (spread > 0).any():
+        return True
+    if world.rank() == 0:
+        ends = np.cumsum([h.size for h in host])
+        first = int(np.searchsorted(ends, int(np.argmax(spread > 0)), side="right"))
+        start = ends[first] - host[first].size
+        far = float(spread[start:ends[first]].max())
+        print(f"mpitrain: warning: evaluate: BatchNorm running statistics differ across ranks "
+              f"({named[first][0]!r} up to {far:.3g} apart); average them with "
+              f"mt.grouped_allreduce_(model.buffers(), op=mt.Average) or broadcast them with "
+              f"mt.broadcast_parameters(model.state_dict(), root_rank=0) before evaluating",
+              file=sys.stderr, flush=True)
+    return False

@@ -29,6 +29,8 @@ as wide as the machine ran ~320 ms/step against 22-28 ms with one thread per ran
 import ctypes
 import os
 
+from mpitrain import env
+
 # BLAS variables only: Numba re-reads NUMBA_NUM_THREADS from os.environ at every compilation and
 # raises if it differs from the size of a pool already launched, so we never write it.
 _ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -38,6 +40,7 @@ _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_th
                  "MKL_Set_Num_Threads")
 _BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
                  "openblas_get_num_threads64_", "openblas_get_num_threads", "MKL_Get_Max_Threads")
+env.declare("MPITRAIN_THREADS")
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE")
 

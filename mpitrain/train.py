@@ -44,7 +44,8 @@ import numpy as np
 
 import mpitrain as mt
 from mpitrain import checkpoint as ckpt
-from mpitrain import threads, timeline
+from mpitrain import env, threads, timeline
+from mpitrain.comm.check import format_groups, group
 from mpitrain.config import UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
@@ -56,6 +57,7 @@ TIMING_WARMUP_STEPS = 5
 EVAL_BATCH = 500
 LOG_RECORDS_PER_EPOCH = 10
 TEST_FRACTION = 4  # --dataset synthetic: test set = synthetic_samples // 4
+DROP_WARNING = 0.05  # warn when more of the training set than this is never trained
 
 
 def _agree(fn, *args):
@@ -182,7 +184,7 @@ def _read_checkpoint(config):
     """Rank 0: the newest valid checkpoint as plain data (or None); others: None."""
     if mt.rank() != 0:
         return None
-    found, skipped = ckpt.load_latest(config.checkpoint_dir)
+    found, skipped = ckpt.read_latest(config.checkpoint_dir)
     for reason in skipped:
         print(f"mpitrain: skipping {reason}", file=sys.stderr, flush=True)
     if found is None:
@@ -210,7 +212,11 @@ def _check_outputs(config, rank):
         if os.path.exists(folder) and not os.path.isdir(folder):
             raise UsageError(f"--checkpoint-dir {folder}: exists and is not a folder")
         _check_creatable("--checkpoint-dir", os.path.abspath(folder))
-        if not config.resume and os.path.isdir(folder) and ckpt.list_checkpoints(folder):
+        if config.resume and not os.path.isdir(folder):
+            raise UsageError(f"--resume: --checkpoint-dir {folder} does not exist (a typo? "
+                             f"--resume-if-exists starts at step 0 when there is nothing to "
+                             f"resume)")
+        if not config.resuming and os.path.isdir(folder) and ckpt.list_checkpoints(folder):
             raise UsageError(f"--checkpoint-dir {folder} already holds checkpoints of another "
                              f"run; pass --resume to continue it, or use an empty folder")
 
@@ -231,23 +237,67 @@ def _check_creatable(flag, folder):
         raise UsageError(f"{flag}: cannot write into {folder} ({reason})") from None
 
 
-class _Metrics:
-    """JSON lines on rank 0 (nothing elsewhere); opened only once the job is known to be valid."""
+class OutputError(RuntimeError):
+    """A file the job writes could not be written (a full disk, a vanished folder): one line and
+    exit code 1; what was written before is intact (checkpoints and --save are atomic)."""
 
-    def __init__(self, path, rank, append):
-        self.file = None
-        if path and rank == 0:
+
+class _Outputs:
+    """Rank 0's files: the JSON-lines metrics (opened only once the job is known to be valid),
+    checkpoints and --save. A write that fails is kept, not raised (the other ranks would wait
+    for rank 0 in their next collective), nothing more is written, and ``check()`` -- a
+    collective every rank calls at the same point of the loop -- raises it as the same
+    OutputError on every rank."""
+
+    def __init__(self, rank):
+        self.rank, self.path, self.fd, self.error = rank, None, None, None
+
+    def open_metrics(self, path, append):
+        """Rank 0: start the --metrics-json file (appended to when resuming)."""
+        if path and self.rank == 0:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self.file = open(path, "a" if append else "w")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+            self.path, self.fd = path, os.open(path, flags, 0o644)
 
     def write(self, record):
-        if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+        """Append one metrics record (rank 0, with --metrics-json)."""
+        if self.fd is not None:
+            self.attempt("--metrics-json", self.path, lambda: self._append(record))
+
+    def _append(self, record):
+        """One line, whole or not at all: a write cut short (a full disk) is taken back."""
+        line = memoryview((json.dumps(record) + "\n").encode())
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while line:
+                line = line[os.write(self.fd, line):]
+        except OSError:
+            os.ftruncate(self.fd, end)
+            raise
+
+    def attempt(self, what, path, write):
+        """Rank 0: ``write()``, keeping an OSError as this job's output error."""
+        if self.rank != 0 or self.error is not None:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self.error = f"cannot write {what} {path}: {exc.strerror or _one_line(exc)}"
+
+    def check(self):
+        """Collective: raise rank 0's output error, if any, on every rank."""
+        error = mt.broadcast_object(self.error, root_rank=0)
+        if error is not None:
+            raise OutputError(error)
 
     def close(self):
-        if self.file:
-            self.file.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _one_line(exc):
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class Trainer:
@@ -256,11 +306,13 @@ class Trainer:
     of epoch ``epoch``'s permutation consumed): ``fit`` as it trains, ``resume`` from a checkpoint.
     """
 
-    def __init__(self, config, backend, train_set, test_set, model, optimizer, base_lr):
+    def __init__(self, config, backend, train_set, test_set, model, optimizer, base_lr,
+                 outputs=None):
         self.config, self.backend = config, backend
         self.train_set, self.test_set = train_set, test_set
         self.model, self.optimizer, self.base_lr = model, optimizer, base_lr
         self.rank, self.size = mt.rank(), mt.size()
+        self.outputs = _Outputs(self.rank) if outputs is None else outputs  # checkpoints, --save
         self.accumulate = config.accumulate  # backward passes (micro-batches) per step
         self.global_batch = config.batch_size * self.size * self.accumulate
         # --deterministic (deterministic.py): this rank's contiguous M/N micro-shards, one pass
@@ -316,7 +368,7 @@ class Trainer:
         config = self.config
         log_every = max(1, self.steps_per_epoch() // LOG_RECORDS_PER_EPOCH)
         bar = None
-        if self.rank == 0 and not config.no_progress:
+        if self.rank == 0 and not config.no_progress and sys.stderr.isatty():
             from tqdm import tqdm
             bar = tqdm(total=self.remaining_steps(), unit="step", dynamic_ncols=True,
                        file=sys.stderr, desc=f"epoch {self.epoch + 1}")
@@ -523,13 +575,17 @@ class Trainer:
                        "step_time_ms": step_ms, "comm_time_ms": comm_ms})
         self.interval[:] = 0
         self.interval_start = len(self.step_times)
+        self.outputs.check()        # a metrics line that could not be written ends the job
 
     def _log_eval(self, metrics, bar):
         accuracy, test_loss, _, _ = self.evaluate()
         metrics.write({"event": "eval", "step": self.step, "epoch": self.epochs_done(),
                        "test_accuracy": accuracy, "test_loss": test_loss})
+        line = f"step {self.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}"
         if bar is not None:
-            bar.write(f"step {self.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}")
+            bar.write(line)             # above the bar, which stays at the bottom
+        elif self.rank == 0:
+            print(line, flush=True)
 
     def _log_epoch(self, metrics):
         record = {"event": "epoch", "epoch": self.epoch, "step": self.step,
@@ -545,8 +601,10 @@ class Trainer:
             self.evaluate()
         accuracy, test_loss, correct, total = self.last_eval
         samples_s, step_ms, comm_ms = self.timing()
-        if config.save and self.rank == 0:
-            ckpt.atomic_savez(config.save, self.model.state_dict(copy=True))
+        if config.save:
+            state = self.model.state_dict(copy=True) if self.rank == 0 else None
+            self.outputs.attempt("--save", config.save, lambda: ckpt.atomic_savez(config.save,
+                                                                                  state))
         summary = {"event": "summary", "test_accuracy": accuracy, "test_loss": test_loss,
                    "test_correct": correct, "test_samples": total,
                    "samples_per_sec": samples_s, "step_time_ms": step_ms, "comm_time_ms": comm_ms,
@@ -560,6 +618,7 @@ class Trainer:
             print(f"test accuracy: {accuracy:.4f} ({correct}/{total}), test loss {test_loss:.4f}; "
                   f"{self.step} steps, {samples_s:.0f} samples/s over {self.size} rank(s), "
                   f"step {step_ms:.1f} ms, comm {comm_ms:.1f} ms", flush=True)
+        self.outputs.check()
         return summary
 
     def evaluate(self):
@@ -599,8 +658,12 @@ class Trainer:
                     "hidden": list(config.hidden) if config.hidden else None,
                     "deterministic_micro_shards": (config.micro_shards if config.deterministic
                                                    else None)}
-            ckpt.save(config.checkpoint_dir, self.step, self.model.state_dict(copy=True),
-                      opt_state, meta)
+            state = self.model.state_dict(copy=True)
+            self.outputs.attempt("a checkpoint into", config.checkpoint_dir,
+                                 lambda: ckpt.write(config.checkpoint_dir, self.step, state,
+                                                    opt_state, meta,
+                                                    keep=config.keep_checkpoints))
+        self.outputs.check()
         self.last_checkpoint_step = self.step
 
     # -- timing --------------------------------------------------------------------------------
@@ -637,60 +700,125 @@ def _augmentation(config, train_set):
     return mt.data.Augment(padding, "flip" in parts, seed=config.seed, fill=fill)
 
 
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) during a run: where it stopped, and what a --resume would continue."""
+
+    def __init__(self, step, checkpoint_step, folder):
+        super().__init__(step, checkpoint_step, folder)
+        self.step, self.checkpoint_step, self.folder = step, checkpoint_step, folder
+
+    def __str__(self):
+        if self.step is None:
+            return "interrupted while starting, before the first step"
+        if self.checkpoint_step is None:
+            return f"interrupted at step {self.step}; no checkpoint was written"
+        return (f"interrupted at step {self.step}; the last checkpoint is step "
+                f"{self.checkpoint_step} in {self.folder} (--resume continues from it)")
+
+
 def run(config):
     """Set up the job ``config`` describes on every rank, then ``Trainer.fit`` it; returns the
-    summary record (the same dict on every rank)."""
+    summary record (the same dict on every rank). Bad input is a UsageError on every rank, a
+    file that cannot be written an OutputError, Ctrl-C an Interrupted."""
     try:
         mt.init(threads=None)                   # the budget is config.threads, set below
     except (ValueError, mt.CollectiveError) as exc:
         # A bad MPITRAIN_* setting (the same ValueError on every rank) or settings that differ
         # across ranks (CollectiveError on every rank): bad input, not a crash.
         raise UsageError(str(exc)) from None
+    trainer = None
+    try:
+        trainer, outputs = _start(config)
+        # --timeline / MPITRAIN_TIMELINE records per-rank spans (timeline.py); the same on
+        # every rank.
+        trace = timeline.activate(timeline.Timeline(config.timeline or None, trainer.rank))
+        try:
+            summary = trainer.fit(outputs)
+            trace.close(mt.comm.world.comm())
+        finally:
+            outputs.close()
+            timeline.activate(None)
+    except KeyboardInterrupt:
+        if trainer is None:
+            raise Interrupted(None, None, config.checkpoint_dir) from None
+        raise Interrupted(trainer.step, trainer.last_checkpoint_step,
+                          config.checkpoint_dir) from None
+    return summary
+
+
+def _start(config):
+    """Everything before the first step, on every rank: threads, the launch agreement, backend,
+    data, model, optimizer, the checkpoint to resume, rank 0's state everywhere and the header.
+    Returns (trainer, outputs)."""
     rank, size = mt.rank(), mt.size()
     # --deterministic: BLAS results depend on the thread count (OpenBLAS splits some GEMMs
     # differently), so one thread per rank unless --threads says otherwise, for every N
     n_threads = threads.configure(config.threads or (1 if config.deterministic else 0),
                                   mt.local_size())
-
-    backend = _agree(_backend, config)
-    train_set, test_set = _agree(_datasets, config)
-    _agree(_check_sizes, config, train_set, test_set, size)
-    _agree(_check_outputs, config, rank)
-    model = _build_model(config, train_set, backend)
-    base_lr = config.lr * (size if config.scale_lr else 1)
-    optimizer = _build_optimizer(config, model, base_lr)
-    trainer = Trainer(config, backend, train_set, test_set, model, optimizer, base_lr)
-    checkpoint = None
-    if config.resume:
-        checkpoint = mt.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
-        if checkpoint is not None:
-            _agree(trainer.resume, checkpoint)
-    # Every replica starts from rank 0's state (the zoo's seeded init already agrees; a model
-    # built or loaded differently on some rank would not).
-    broadcast_parameters(model.state_dict(), root_rank=0)    # parameters and buffers
-    broadcast_optimizer_state(optimizer, root_rank=0)
+    try:
+        _check_same_launch(config)
+        backend = _agree(_backend, config)
+        train_set, test_set = _agree(_datasets, config)
+        _agree(_check_sizes, config, train_set, test_set, size)
+        _agree(_check_outputs, config, rank)
+        model = _build_model(config, train_set, backend)
+        base_lr = config.lr * (size if config.scale_lr else 1)
+        optimizer = _build_optimizer(config, model, base_lr)
+        outputs = _Outputs(rank)
+        trainer = Trainer(config, backend, train_set, test_set, model, optimizer, base_lr,
+                          outputs)
+        checkpoint = None
+        if config.resuming:
+            checkpoint = mt.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
+            if checkpoint is not None:
+                _agree(trainer.resume, checkpoint)
+        # Every replica starts from rank 0's state (the zoo's seeded init already agrees; a
+        # model built or loaded differently on some rank would not).
+        broadcast_parameters(model.state_dict(), root_rank=0)    # parameters and buffers
+        broadcast_optimizer_state(optimizer, root_rank=0)
+    except mt.CollectiveError as exc:
+        # before the first step, ranks that disagree were given different input
+        raise UsageError(str(exc)) from None
 
     # From here on the job is valid: files may be written.
-    metrics = _Metrics(config.metrics_json, rank, append=checkpoint is not None)
+    outputs.open_metrics(config.metrics_json, append=checkpoint is not None)
     if rank == 0:
-        settings = " ".join(f"{key}={value}" for key, value in config.as_dict().items())
+        _warn_dropped(config, len(train_set), trainer.global_batch)
+        resolved = config.replace(threads=n_threads)     # what 0 (the default) came to
+        settings = " ".join(f"{key}={value}" for key, value in resolved.as_dict().items())
         print(f"mpitrain: {size} rank(s) x {n_threads} thread(s), backend {backend.name}, "
               f"{model.num_parameters()} parameters",
               *textwrap.wrap(settings, 98, initial_indent="  ", subsequent_indent="  "),
               sep="\n", flush=True)
-        if config.resume:
+        if config.resuming:
             print(f"mpitrain: resumed from {checkpoint['path']} at step {trainer.step}"
                   if checkpoint else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
                                      f"starting at step 0", flush=True)
-    # --timeline / MPITRAIN_TIMELINE records per-rank spans (timeline.py); the same on every rank.
-    trace = timeline.activate(timeline.Timeline(config.timeline or None, rank))
-    try:
-        summary = trainer.fit(metrics)
-        trace.close(mt.comm.world.comm())
-    finally:
-        metrics.close()
-        timeline.activate(None)
-    return summary
+    return trainer, outputs
 
 
-__all__ = ["run", "Trainer", "TIMING_WARMUP_STEPS"]
+def _check_same_launch(config):
+    """Every rank was started with the same settings: the resolved Config (flags over
+    MPITRAIN_* variables) and every MPITRAIN_* variable mpitrain reads. Ranks launched with
+    different hyper-parameters would otherwise train apart without a word (only a different
+    model or batch size trips a collective). One line naming each setting and its ranks."""
+    mine = {f"--{name.replace('_', '-')}": value for name, value in config.as_dict().items()}
+    mine.update((name, os.environ.get(name)) for name in env.known())
+    every = mt.allgather_object(mine)
+    differ = [f"{key}: {format_groups(group(enumerate(e.get(key) for e in every)))}"
+              for key in mine if len({repr(e.get(key)) for e in every}) > 1]
+    if differ:
+        raise UsageError("ranks were started with different settings: " + "; ".join(differ))
+
+
+def _warn_dropped(config, n_train, global_batch):
+    """Rank 0: one line when the ragged end of every epoch that is not trained (without
+    --uneven) is more than DROP_WARNING of the training set."""
+    dropped = n_train % global_batch
+    if not config.uneven and dropped > DROP_WARNING * n_train:
+        print(f"mpitrain: warning: a global batch of {global_batch} samples leaves {dropped} of "
+              f"the {n_train} training samples ({dropped / n_train:.0%}) untrained every epoch; "
+              f"--uneven trains them too", file=sys.stderr, flush=True)
+
+
+__all__ = ["run", "Trainer", "Interrupted", "OutputError", "TIMING_WARMUP_STEPS"]

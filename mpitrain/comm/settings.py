@@ -9,7 +9,7 @@ communicator's state (world.py); nothing in the comm layer reads the environment
     MPITRAIN_RING_SUBCHUNK      ring_subchunk_bytes  pipelining piece of the ring (1 MiB)
     MPITRAIN_CHECK              check                0 turns the cross-rank agreement off (1)
     MPITRAIN_STALL_WARNING      stall_warning_s      report a stall after this long; 0 = off (60)
-    MPITRAIN_STALL_SHUTDOWN     stall_shutdown_s     abort the job after this long; 0 = never (0)
+    MPITRAIN_STALL_SHUTDOWN     stall_shutdown_s     abort the job after this long; 0 = never (600)
     MPITRAIN_FUSION_THRESHOLD   fusion_threshold_bytes  bucket size limit (None: the caller's
                                                      default, 64 MiB; 4 MiB for overlap)
     MPITRAIN_NODE_SIZE          local_size           emulated nodes of k consecutive ranks (testing;
@@ -31,6 +31,8 @@ import math
 import os
 from typing import Optional
 
+from mpitrain import env
+
 ALGORITHMS = ("auto", "ring", "mpi")
 DEVICE_TRANSPORTS = ("nccl", "mpi", "host")
 ENV = {"algorithm": "MPITRAIN_ALLREDUCE", "ring_threshold_bytes": "MPITRAIN_RING_THRESHOLD",
@@ -46,6 +48,7 @@ ENV = {"algorithm": "MPITRAIN_ALLREDUCE", "ring_threshold_bytes": "MPITRAIN_RING
 ALIASES = {"local_size": "MPITRAIN_LOCAL_SIZE"}
 _BUT = "but its alias"
 NODE_SIZE_NAMES = "MPITRAIN_NODE_SIZE (alias MPITRAIN_LOCAL_SIZE)"      # for error messages
+env.declare(*ENV.values(), *ALIASES.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +58,7 @@ class CommSettings:
     ring_subchunk_bytes: int = 1 << 20
     check: bool = True
     stall_warning_s: float = 60.0
-    stall_shutdown_s: float = 0.0
+    stall_shutdown_s: float = 600.0     # as PyTorch's NCCL timeout: a hung job ends
     fusion_threshold_bytes: Optional[int] = None
     local_size: Optional[int] = None
     device_comm: str = "auto"

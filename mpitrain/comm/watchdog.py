@@ -31,10 +31,13 @@ Protocol (the thread wakes every ``tick = min(1 s, warning/4)``):
        mpitrain: stalled for 60 s in allreduce 'grad.fc1' (collective #512) on ranks [0, 2];
        missing ranks [1] (rank 1: not in a collective, last #511)
 
-3. With ``MPITRAIN_STALL_SHUTDOWN=S`` (default 0: never) a rank stalled for S seconds prints
-   that line and calls ``MPI.COMM_WORLD.Abort(1)``, like Horovod's
+3. With ``MPITRAIN_STALL_SHUTDOWN=S`` (default 600; 0: never) a rank stalled for S seconds
+   prints that line and calls ``MPI.COMM_WORLD.Abort(1)``, like Horovod's
    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: the training thread is blocked inside MPI and cannot
-   raise, so ending the job is the only way out. ``MPITRAIN_STALL_WARNING=0`` turns everything
+   raise, so ending the job is the only way out. The default ends a job whose collective one
+   rank never reaches (a bug in an own loop: a collective under ``if rank == 0``) after ten
+   minutes, as PyTorch's NCCL timeout does, instead of never; a job where one rank works alone
+   for longer than that sets it higher or to 0. ``MPITRAIN_STALL_WARNING=0`` turns everything
    off (no thread). The variables should match across ranks; if they do not, nothing hangs:
    a rank without the thread is reported as "no answer".
 

@@ -22,12 +22,14 @@ import threading
 
 from mpi4py import MPI
 
+from mpitrain import env
 from mpitrain import threads as thread_budget
-from mpitrain.comm import check, handles, watchdog
+from mpitrain.comm import abort, check, handles, watchdog
 from mpitrain.comm.settings import ENV, NODE_SIZE_NAMES, CommSettings, env_values
 
 _state = None
 _lock = threading.Lock()
+_warned = False      # unknown MPITRAIN_* variables are reported once per process
 
 
 class World:
@@ -98,7 +100,7 @@ class World:
                 c.Free()
 
 
-def init(comm=None, threads=0, settings=None):
+def init(comm=None, threads=0, settings=None, abort_on_exception=True):
     """Initialise mpitrain on ``comm`` (default ``MPI.COMM_WORLD``); idempotent.
 
     Calling it again with a different communicator is an error: collectives in flight would
@@ -109,6 +111,13 @@ def init(comm=None, threads=0, settings=None):
     uses); n >= 1 = n threads; None = leave the thread pools as they are.
     settings: a CommSettings (settings.py) instead of the MPITRAIN_* environment; either way
     every rank must have the same (else CollectiveError on every rank).
+    abort_on_exception: install the abort hook (abort.py), so that an uncaught exception on one
+    rank ends the whole job with that rank's traceback instead of leaving the others waiting in
+    their next collective for ever. False leaves ``sys.excepthook`` as it is (a hook installed
+    earlier stays).
+
+    The first initialisation also warns, on rank 0, about ``MPITRAIN_*`` variables that no part
+    of mpitrain reads (a misspelled name), with the closest known name (env.py).
     """
     global _state
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
@@ -135,6 +144,17 @@ def init(comm=None, threads=0, settings=None):
             state.free()
             raise
         _state = state
+    if abort_on_exception:
+        abort.install_abort_hook()
+    if not _warned and _state.rank == 0:
+        _warn_unknown_variables()
+
+
+def _warn_unknown_variables():
+    global _warned
+    _warned = True
+    for line in env.unknown():
+        print(line, file=sys.stderr, flush=True)
 
 
 def _agreed_settings(comm, settings):

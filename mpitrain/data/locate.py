@@ -21,6 +21,7 @@ import os
 import shlex
 from pathlib import Path
 
+from mpitrain import env
 from mpitrain.data.catalog import spec as _spec
 from mpitrain.data.dataset import DataError
 
@@ -30,6 +31,7 @@ __all__ = ["locate", "search_dirs", "dataset_files", "cache_root", "home_dir", "
 SYSTEM_ROOT = Path("/usr/share/datasets")
 # --data-dir's variable (config.py maps every flag to MPITRAIN_<FLAG>), then its older name.
 ENV_VARS = ("MPITRAIN_DATA_DIR", "MPITRAIN_DATA")
+env.declare(*ENV_VARS)
 _ALONE = "a given data dir replaces the search path"
 
 

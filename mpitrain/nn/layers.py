@@ -1,4 +1,5 @@
-"""Layers: Linear, ReLU, Conv2D, MaxPool2D, GlobalAvgPool2d, Flatten, Dropout (leaves of a Module).
+"""Layers: Linear, ReLU, Conv2D, MaxPool2D, AvgPool2D, GlobalAvgPool2d, Flatten, Dropout (leaves
+of a Module; the other activations are in activations.py).
 
 Every layer does its arithmetic through the backend kernels it holds (``self.kernels``), never with
 NumPy on its arrays, so the same code runs on the CPU, on CuPy and on Numba CUDA. Weights are drawn
@@ -89,6 +90,9 @@ class Layer(Module):
     def _check_input(self, x, ndim, what):
         if x.ndim != ndim:
             raise ValueError(f"{type(self).__name__} expects {what}, got shape {tuple(x.shape)}")
+        self._check_dtype(x)
+
+    def _check_dtype(self, x):
         if x.dtype != self.dtype:
             raise ValueError(f"{type(self).__name__} has dtype {self.dtype}, input has {x.dtype}")
 
@@ -278,8 +282,8 @@ class Conv2D(Layer):
                 f"{'' if self.bias is not None else ', bias=False'})")
 
 
-class MaxPool2D(Layer):
-    """Max over k x k windows (stride defaults to k); remembers the argmax for backward."""
+class _Pool2D(Layer):
+    """k x k windows without padding, stride defaulting to k (PyTorch's pooling signature)."""
 
     def __init__(self, kernel_size, stride=None, kernels=None, dtype=np.float32):
         super().__init__(kernels, dtype)
@@ -287,13 +291,25 @@ class MaxPool2D(Layer):
         _check_positive(kernel_size=kernel_size, stride=stride)
         self.kernel_size, self.stride = kernel_size, stride
 
-    def forward(self, x):
+    def _output_shape(self, x):
+        """(N, C, OH, OW) of an (N, C, H, W) input; ValueError when the window does not fit."""
         self._check_input(x, 4, "(N, C, H, W)")
         n, c, h, w = x.shape
         ks, s = self.kernel_size, self.stride
         if h < ks or w < ks:
-            raise ValueError(f"MaxPool2D window {ks} does not fit input {h}x{w}")
-        oh, ow = (h - ks) // s + 1, (w - ks) // s + 1
+            raise ValueError(f"{type(self).__name__} window {ks} does not fit input {h}x{w}")
+        return n, c, (h - ks) // s + 1, (w - ks) // s + 1
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.kernel_size}, stride={self.stride})"
+
+
+class MaxPool2D(_Pool2D):
+    """Max over k x k windows (stride defaults to k); remembers the argmax for backward."""
+
+    def forward(self, x):
+        ks, s = self.kernel_size, self.stride
+        n, c, oh, ow = self._output_shape(x)
         y = self.workspace("y", (n, c, oh, ow))                         # (N, C, OH, OW)
         self._argmax = self.workspace("argmax", (n, c, oh, ow), np.int32)
         self.kernels.maxpool_forward(x, y, self._argmax, ks, s)
@@ -307,8 +323,23 @@ class MaxPool2D(Layer):
         self.kernels.maxpool_backward(grad_y, self._argmax, grad_x)
         return grad_x
 
-    def __repr__(self):
-        return f"MaxPool2D({self.kernel_size}, stride={self.stride})"
+
+class AvgPool2D(_Pool2D):
+    """Mean over k x k windows (stride defaults to k), as ``torch.nn.AvgPool2d(k, stride)``;
+    backward gives every pixel grad_y / k**2 of each window that holds it."""
+
+    def forward(self, x):
+        y = self.workspace("y", self._output_shape(x))                  # (N, C, OH, OW)
+        self.kernels.avgpool_forward(x, y, self.kernel_size, self.stride)
+        self._x_shape = tuple(x.shape)
+        return y
+
+    def backward(self, grad_y, need_input_grad=True):
+        if not need_input_grad:
+            return None
+        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
+        self.kernels.avgpool_backward(grad_y, grad_x, self.kernel_size, self.stride)
+        return grad_x
 
 
 class GlobalAvgPool2d(Layer):

@@ -11,6 +11,23 @@ from mpitrain.optim.optimizer import Optimizer
 
 
 class Adam(Optimizer):
+    """Adam: steps scaled by bias-corrected running averages of the gradient and its square.
+
+    Arguments:
+        params        the Parameters to update (``model.parameters()``)
+        lr            learning rate, >= 0 (default 1e-3)
+        betas         (beta1, beta2), each in [0, 1): decay rates of the two averages
+                      (default (0.9, 0.999))
+        eps           added to the denominator, > 0 (default 1e-8)
+        weight_decay  L2 penalty added to the gradient (not AdamW's decoupled decay), >= 0
+        no_decay      parameters exempt from weight decay: a predicate such as
+                      ``is_bias_or_norm`` or one bool per parameter
+
+    State: ``exp_avg`` (m) and ``exp_avg_sq`` (v), one array per parameter on its backend, and
+    the step count t of the bias correction (``steps``); ``state_dict()`` adds lr, the no-decay
+    mask and the hyper-parameters (beta1 and beta2 under their own keys).
+    """
+
     _hyper = ("beta1", "beta2", "eps", "weight_decay")
     _buffers = ("exp_avg", "exp_avg_sq")
 
@@ -30,6 +47,7 @@ class Adam(Optimizer):
 
     @property
     def betas(self):
+        """(beta1, beta2), PyTorch's spelling."""
         return (self.beta1, self.beta2)
 
     def _update(self, i, p):

@@ -2,8 +2,8 @@
 
 State dicts hold only plain numbers and host NumPy arrays under flat string keys
 (``"momentum_buffer.3"``), so the checkpoint code can write them with ``np.savez`` and read them
-back with ``allow_pickle=False``. Per-parameter state lives on the parameters' backend and is updated in
-place by one fused kernel per parameter.
+back with ``allow_pickle=False``. Per-parameter state lives on the parameters' backend and is
+updated in place by one fused kernel per parameter.
 
 Weight decay per parameter (PyTorch's param groups, as a mask): ``no_decay`` names the parameters
 that get none -- a predicate on the Parameter (``is_bias_or_norm``: every parameter with
@@ -21,6 +21,23 @@ def is_bias_or_norm(param):
 
 
 class Optimizer:
+    """Base of SGD, Adam and RMSprop: owns the parameter list, lr, the step count and the
+    per-parameter state, and writes ``Parameter.data`` (nothing else does).
+
+    Arguments:
+        params    the Parameters to update, in a fixed order (``model.parameters()``); that
+                  order indexes the state (``"exp_avg.3"`` is parameter 3's)
+        lr        learning rate, >= 0; a plain attribute, so a schedule sets ``opt.lr``
+        no_decay  parameters that get no weight decay: a predicate on the Parameter (e.g.
+                  ``is_bias_or_norm``) or one bool per parameter; None decays all
+
+    State: ``lr``, ``steps`` (optimizer steps taken), ``no_decay`` (uint8 (P,) mask) and
+    ``state`` (buffer name -> one backend array per parameter, created as zeros). A subclass
+    names its float hyper-parameters in ``_hyper`` and its buffers in ``_buffers``
+    (``_active_buffers()`` the ones its settings use) and implements ``_update(i, p)`` with one
+    fused kernel per parameter.
+    """
+
     _hyper = ()        # names of float hyper-parameters saved in the state dict (besides lr)
     _buffers = ()      # names of per-parameter state arrays
 
@@ -41,10 +58,14 @@ class Optimizer:
         return self._buffers
 
     def zero_grad(self):
+        """Mark every parameter's gradient as zero (lazily: see Parameter.zero_grad)."""
         for p in self.params:
             p.zero_grad()
 
     def state_dict(self):
+        """A flat dict of host copies: ``lr``, ``step``, ``no_decay``, every hyper-parameter by
+        name, and every buffer as ``"<buffer>.<i>"`` (NumPy arrays), for np.savez and
+        ``load_state_dict``."""
         d = {"lr": float(self.lr), "step": int(self.steps), "no_decay": self.no_decay.copy()}
         for h in self._hyper:
             d[h] = getattr(self, h)
@@ -54,6 +75,9 @@ class Optimizer:
         return d
 
     def load_state_dict(self, state):
+        """Restore what ``state_dict`` returned (of an optimizer with the same parameters and
+        buffers: a key missing or unexpected, or a buffer of another shape, is a ValueError);
+        buffers are copied into the existing backend arrays, in place."""
         expected = {f"{name}.{i}" for name, bufs in self.state.items() for i in range(len(bufs))}
         expected |= {"lr", "step", *self._hyper}
         missing = sorted(expected - set(state))
@@ -84,6 +108,7 @@ class Optimizer:
             setattr(self, h, type(getattr(self, h))(value))
 
     def step(self):
+        """Update every parameter from its ``.grad`` (one kernel each); ``steps`` counts them."""
         self.steps += 1
         for i, p in enumerate(self.params):
             self._update(i, p)
@@ -93,6 +118,7 @@ class Optimizer:
         return 0.0 if self.no_decay[i] else weight_decay
 
     def _update(self, i, p):
+        """Update parameter ``i`` (``p``) and its state in place."""
         raise NotImplementedError
 
 

@@ -12,6 +12,21 @@ from mpitrain.optim.optimizer import Optimizer
 
 
 class SGD(Optimizer):
+    """Stochastic gradient descent with optional (Nesterov) momentum and L2 weight decay.
+
+    Arguments:
+        params        the Parameters to update (``model.parameters()``)
+        lr            learning rate, >= 0 (required, as in PyTorch)
+        momentum      momentum factor, >= 0 (default 0: plain SGD, no buffer)
+        nesterov      Nesterov momentum (needs momentum > 0)
+        weight_decay  L2 penalty added to the gradient, >= 0 (default 0)
+        no_decay      parameters exempt from weight decay: a predicate such as
+                      ``is_bias_or_norm`` or one bool per parameter
+
+    State: ``momentum_buffer`` (one array per parameter, on its backend) when momentum > 0;
+    ``state_dict()`` adds lr, step, the no-decay mask and the hyper-parameters.
+    """
+
     _hyper = ("momentum", "nesterov", "weight_decay")
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0, no_decay=None):

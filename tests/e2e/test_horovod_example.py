@@ -1,8 +1,11 @@
 """docs/examples/horovod_mnist.py -- Horovod's PyTorch MNIST example, ported -- on two ranks."""
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.launch import MPIEXEC, child_env
 
@@ -29,9 +32,22 @@ def test_the_port_trains_and_the_replicas_end_bitwise_equal(tmp_path):
     assert out.count("Train Epoch: 1 [0/") == 1                  # rank 0 alone prints
 
 
-def test_missing_data_is_one_line_and_exit_2(tmp_path):
-    p = run(["--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")], tmp_path,
-            timeout=120)
+@pytest.mark.parametrize("dataset_args, dataset", [
+    ([], "fashion-mnist"),                       # the default: what `make run` installs
+    (["--dataset", "mnist"], "mnist"),
+])
+def test_missing_data_is_one_line_and_exit_2(tmp_path, dataset_args, dataset):
+    p = run([*dataset_args, "--data-dir", str(tmp_path / "nowhere")], tmp_path, timeout=120)
     assert p.returncode == 2, (p.stdout[-2000:], p.stderr[-2000:])
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "nowhere" in lines[0], p.stderr
+    assert lines[0].startswith(f"horovod_mnist: {dataset}: "), lines[0]
+
+
+def test_the_default_dataset_is_fashion_mnist():
+    """The parser's default, read without running the script (its __main__ block does)."""
+    spec = importlib.util.spec_from_file_location("horovod_mnist_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parser.get_default("dataset") == "fashion-mnist"
+    assert "default: fashion-mnist" in module.parser.format_help()

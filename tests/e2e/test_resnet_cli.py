@@ -54,7 +54,7 @@ def test_checkpoint_without_running_stats_is_refused_naming_them(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     old = ckpt.load(ckpt.checkpoint_path(ck, 1))
     params = {k: v for k, v in old.params.items() if "running" not in k}
-    ckpt.save(ck, 2, params, old.optimizer_state, dict(old.meta, step=2))
+    ckpt.write(ck, 2, params, old.optimizer_state, dict(old.meta, step=2))
     p = mpitrain(2, *SMALL, "--steps", "3", "--checkpoint-dir", str(ck), "--resume",
                  cwd=tmp_path)
     assert p.returncode == 2, p.stderr[-3000:]

@@ -52,7 +52,7 @@ assert events == [("eval", 4), ("epoch", 6), ("eval", 8), ("eval", 12), ("epoch"
 first = trainer(5, checkpoint_dir=folder)
 first.fit(Records())
 mt.barrier()
-found, skipped = ckpt.load_latest(folder)
+found, skipped = ckpt.read_latest(folder)
 checkpoint = {"path": found.path, "params": found.params, "optimizer": found.optimizer_state,
               "meta": found.meta}
 

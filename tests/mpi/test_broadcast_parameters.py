@@ -98,8 +98,10 @@ def test_different_names_across_ranks_are_a_collective_error():
 
 def _stepped_optimizer(kind, model):
     params = model.parameters()
-    opt = (mt.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "sgd"
-           else mt.optim.Adam(params, lr=1e-3))
+    make = {"sgd": lambda: mt.optim.SGD(params, lr=0.1, momentum=0.9),
+            "adam": lambda: mt.optim.Adam(params, lr=1e-3),
+            "rmsprop": lambda: mt.optim.RMSprop(params, lr=1e-3, momentum=0.9, centered=True)}
+    opt = make[kind]()
     rng = np.random.default_rng(7 + R)                  # per-rank gradients -> per-rank state
     for _ in range(2 + R):                              # ... and a per-rank step count
         for p in params:
@@ -108,7 +110,7 @@ def _stepped_optimizer(kind, model):
     return opt
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop"])
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_broadcast_optimizer_state_makes_momentum_and_adam_state_equal(kind, wrapped):
     model = _model()

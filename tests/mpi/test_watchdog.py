@@ -190,7 +190,7 @@ def test_settings_from_environment():
     def stall(env):
         s = mt.CommSettings.from_env(env)
         return s.stall_warning_s, s.stall_shutdown_s
-    assert stall({}) == (60.0, 0.0)
+    assert stall({}) == (60.0, 600.0)      # a hung job ends after 10 minutes by default
     assert stall({"MPITRAIN_STALL_WARNING": "2.5", "MPITRAIN_STALL_SHUTDOWN": "30"}) == (2.5, 30.0)
     with pytest.raises(ValueError, match="MPITRAIN_STALL_WARNING='soon'"):
         stall({"MPITRAIN_STALL_WARNING": "soon"})

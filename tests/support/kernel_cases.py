@@ -140,11 +140,78 @@ def _cases():
               lambda g: [_r(g, 33).astype(np.float16), _r(g, 33).astype(np.float16), "sum"],
               EXACT))
     c += _norm_cases()
+    c += _activation_loss_cases()
+    return c
+
+
+def _activation_loss_cases():
+    """Activations, softmax, average pooling, the extra losses and RMSprop. Elementwise shapes
+    have 78 values (beyond 2 simulated blocks of 32); row kernels 70 rows in one case."""
+    c = []
+    for dt in (np.float32, np.float64):
+        tol = F32 if dt == np.float32 else F64
+        name = np.dtype(dt).name
+
+        def wide(g, dt=dt):
+            x = _r(g, 6, 13, dtype=dt) * 3                      # (6, 13)
+            x[0, :4] = np.array([60, -60, 0, -0.0], dt)         # saturated and zero inputs
+            return x
+        c.append((f"tanh-{name}", "tanh", lambda g, w=wide: [w(g), np.zeros_like(w(g))], tol))
+        c.append((f"tanh_backward-{name}", "tanh_backward",
+                  lambda g, w=wide: [np.tanh(w(g)), w(g), w(g)], tol))
+        c.append((f"sigmoid-{name}", "sigmoid",
+                  lambda g, w=wide: [w(g) * 10, np.zeros_like(w(g))], tol))
+        c.append((f"sigmoid_backward-{name}", "sigmoid_backward",
+                  lambda g, w=wide: [1 / (1 + np.exp(-w(g))), w(g), w(g)], tol))
+        for slope in (0.01, 0.2):
+            c.append((f"leaky_relu-{name}-s{slope}", "leaky_relu",
+                      lambda g, w=wide, s=slope: [w(g), w(g), s], tol))
+            c.append((f"leaky_relu_backward-{name}-s{slope}", "leaky_relu_backward",
+                      lambda g, w=wide, s=slope: [w(g), w(g), w(g), s], tol))
+        for shape, shift in (((5, 7), 0.0), ((3, 4, 9), 500.0), ((70, 3), 0.0)):
+            tag = "x".join(map(str, shape))
+            c.append((f"softmax-{name}-{tag}", "softmax",
+                      lambda g, shape=shape, shift=shift, dt=dt: [
+                          _r(g, *shape, dtype=dt) * 4 + shift, _r(g, *shape, dtype=dt)],
+                      dict(rtol=1e-5, atol=1e-6) if dt == np.float32 else F64))
+
+            def softmax_bw(g, shape=shape, dt=dt):
+                z = _r(g, *shape, dtype=dt)
+                y = (np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)).astype(dt)
+                return [y, _r(g, *shape, dtype=dt), _r(g, *shape, dtype=dt)]
+            c.append((f"softmax_backward-{name}-{tag}", "softmax_backward", softmax_bw,
+                      dict(rtol=1e-5, atol=1e-6) if dt == np.float32 else F64))
+        for smoothing, rows in ((0.1, 5), (0.3, 70), (0.0, 5)):
+            c.append((f"label_smoothing-{name}-e{smoothing}-b{rows}", "label_smoothing",
+                      lambda g, e=smoothing, b=rows, dt=dt: [
+                          _r(g, b, 4, dtype=dt) * 3, g.integers(0, 4, size=b).astype(np.int64),
+                          _r(g, b, 4, dtype=dt), np.abs(_r(g, b, dtype=dt)), e],
+                      dict(rtol=1e-5, atol=1e-6) if dt == np.float32 else F64))
+        c.append((f"mse-{name}", "mse", lambda g, w=wide: [w(g), w(g), w(g), w(g)], tol))
+        c.append((f"bce_logits-{name}", "bce_logits",
+                  lambda g, w=wide, dt=dt: [w(g) * 10, g.random((6, 13)).astype(dt), w(g), w(g)],
+                  dict(rtol=1e-5, atol=1e-6) if dt == np.float32 else F64))
+        for k, s in ((2, 2), (3, 2), (2, 1), (3, 3)):
+            oh, ow = _conv_out(7, k, s, 0), _conv_out(6, k, s, 0)
+            c.append((f"avgpool_forward-{name}-k{k}s{s}", "avgpool_forward",
+                      lambda g, k=k, s=s, oh=oh, ow=ow, dt=dt: [
+                          _r(g, 2, 3, 7, 6, dtype=dt), _r(g, 2, 3, oh, ow, dtype=dt), k, s], tol))
+            c.append((f"avgpool_backward-{name}-k{k}s{s}", "avgpool_backward",
+                      lambda g, k=k, s=s, oh=oh, ow=ow, dt=dt: [
+                          _r(g, 2, 3, oh, ow, dtype=dt), _r(g, 2, 3, 7, 6, dtype=dt), k, s], tol))
+    for centered, mom, wd in ((False, 0.0, 0.0), (True, 0.9, 0.01), (False, 0.9, 0.0),
+                              (True, 0.0, 0.0)):
+        def rmsprop(g, centered=centered, mom=mom, wd=wd):
+            # unused buffers are passed too: they must come back untouched on every backend
+            return [_r(g, 4, 17), _r(g, 4, 17), np.abs(_r(g, 4, 17)) + 1, _r(g, 4, 17) * 0.1,
+                    _r(g, 4, 17), 0.01, 0.99, 1e-8, wd, mom, centered]
+        c.append((f"rmsprop_update-c{int(centered)}-m{mom}-wd{wd}", "rmsprop_update", rmsprop,
+                  dict(rtol=1e-5, atol=1e-6)))
     return c
 
 
 def _norm_cases():
-    """BatchNorm, global average pooling and the option-A shortcut (issue 11). The (N, C, H, W)
+    """BatchNorm, global average pooling and the option-A shortcut. The (N, C, H, W)
     shape has 75 values per channel: two chunks of the simulated per-channel sums (2 x 32)."""
     c = []
     for shape, dt in ((s, dt) for s in ((3, 4, 5, 5), (7, 3)) for dt in (np.float32, np.float64)):

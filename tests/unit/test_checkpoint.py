@@ -1,10 +1,13 @@
-"""checkpoint.py: round trip without pickle, checksum, atomic write, keep-last, newest valid."""
+"""checkpoint.py: round trip without pickle, checksum, atomic write, keep-last, newest valid; the
+collective save/load_latest of your own loop on one process (tests/mpi/test_checkpoint_loop.py:
+on several)."""
 import json
 import os
 
 import numpy as np
 import pytest
 
+import mpitrain as mt
 from mpitrain import checkpoint as ck
 
 
@@ -21,7 +24,7 @@ def _state(seed=0):
 
 def test_round_trip_is_exact(tmp_path):
     params, opt = _state()
-    path = ck.save(tmp_path, 12, params, opt, {"model": "mlp", "epoch": 1})
+    path = ck.write(tmp_path, 12, params, opt, {"model": "mlp", "epoch": 1})
     assert os.path.basename(path) == "ckpt-00000012.npz"
     got = ck.load(path)
     assert got.step == 12 and got.meta["model"] == "mlp" and got.meta["epoch"] == 1
@@ -39,7 +42,7 @@ def test_round_trip_is_exact(tmp_path):
 
 def test_file_loads_without_pickle_and_holds_no_rank(tmp_path):
     params, opt = _state()
-    path = ck.save(tmp_path, 1, params, opt, {"model": "mlp"})
+    path = ck.write(tmp_path, 1, params, opt, {"model": "mlp"})
     with np.load(path, allow_pickle=False) as z:
         assert all(z[k].dtype != object for k in z.files)
         meta = json.loads(str(z["__meta__"]))
@@ -48,7 +51,7 @@ def test_file_loads_without_pickle_and_holds_no_rank(tmp_path):
 
 def test_corrupt_file_is_rejected_by_checksum(tmp_path):
     params, opt = _state()
-    good = ck.save(tmp_path, 1, params, opt, {"model": "mlp"})
+    good = ck.write(tmp_path, 1, params, opt, {"model": "mlp"})
     params["0.bias"][0] += 1
     bad_arrays = {f"param/{k}": v for k, v in params.items()}
     with np.load(good, allow_pickle=False) as z:
@@ -61,7 +64,7 @@ def test_corrupt_file_is_rejected_by_checksum(tmp_path):
 
 def test_truncated_and_foreign_files_are_one_line_errors(tmp_path):
     params, opt = _state()
-    path = ck.save(tmp_path, 3, params, opt, {})
+    path = ck.write(tmp_path, 3, params, opt, {})
     data = open(path, "rb").read()
     trunc = tmp_path / "ckpt-00000004.npz"
     trunc.write_bytes(data[: len(data) // 2])
@@ -76,31 +79,31 @@ def test_truncated_and_foreign_files_are_one_line_errors(tmp_path):
 
 def test_load_latest_skips_damaged_newest(tmp_path):
     params, opt = _state()
-    ck.save(tmp_path, 5, params, opt, {"tag": "five"})
-    ck.save(tmp_path, 9, params, opt, {"tag": "nine"})
+    ck.write(tmp_path, 5, params, opt, {"tag": "five"})
+    ck.write(tmp_path, 9, params, opt, {"tag": "nine"})
     (tmp_path / "ckpt-00000011.npz").write_bytes(b"garbage")
-    got, skipped = ck.load_latest(tmp_path)
+    got, skipped = ck.read_latest(tmp_path)
     assert got.meta["tag"] == "nine" and len(skipped) == 1
 
 
 def test_load_latest_empty_and_all_bad(tmp_path):
-    assert ck.load_latest(tmp_path / "missing") == (None, [])
+    assert ck.read_latest(tmp_path / "missing") == (None, [])
     (tmp_path / "ckpt-00000001.npz").write_bytes(b"garbage")
     with pytest.raises(ck.CheckpointError, match="no valid checkpoint"):
-        ck.load_latest(tmp_path)
+        ck.read_latest(tmp_path)
 
 
 def test_keeps_only_the_last_few_and_leaves_no_temp_files(tmp_path):
     params, opt = _state()
     for step in range(1, 7):
-        ck.save(tmp_path, step, params, opt, {}, keep=3)
+        ck.write(tmp_path, step, params, opt, {}, keep=3)
     assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [4, 5, 6]
     assert sorted(os.listdir(tmp_path)) == [f"ckpt-0000000{s}.npz" for s in (4, 5, 6)]
 
 
 def test_failed_write_leaves_old_file_intact(tmp_path, monkeypatch):
     params, opt = _state()
-    path = ck.save(tmp_path, 1, params, opt, {"tag": "old"})
+    path = ck.write(tmp_path, 1, params, opt, {"tag": "old"})
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
@@ -109,3 +112,164 @@ def test_failed_write_leaves_old_file_intact(tmp_path, monkeypatch):
         ck.atomic_savez(path, {"x": np.zeros(1)})
     assert ck.load(path).meta["tag"] == "old"
     assert os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+@pytest.mark.parametrize("content", [b"garbage", b"", b"\x80\x04K\x01."])   # the last: a pickle
+def test_a_file_that_is_not_a_zip_says_so_in_one_line(tmp_path, content):
+    bad = tmp_path / "ckpt-00000001.npz"
+    bad.write_bytes(content)
+    with pytest.raises(ck.CheckpointError) as info:
+        ck.load(bad)
+    assert str(info.value) == f"{bad}: not a .npz checkpoint (no zip header)"
+    assert "pickle" not in str(info.value)
+
+
+# -- the collective save / load_latest of your own loop (here on one rank) ------------------------
+
+def _model(seed=1):
+    return mt.models.mlp(in_features=12, hidden=(8,), classes=3, seed=seed)
+
+
+def _trained(seed=1, steps=2, optimizer="sgd"):
+    """A model and its (wrapped) optimizer after ``steps`` updates: momentum buffers not zero."""
+    model = _model(seed)
+    if optimizer == "sgd":
+        inner = mt.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        inner = mt.optim.Adam(model.parameters(), lr=0.01)
+    opt = mt.DistributedOptimizer(inner, named_parameters=model.named_parameters())
+    data = mt.data.synthetic(16, shape=(12,), classes=3, seed=seed)
+    loss_fn = mt.nn.SoftmaxCrossEntropy()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_fn(model(data.images), data.labels)
+        model.backward(loss_fn.backward())
+        opt.step()
+    return model, opt
+
+
+def _same_state(a_model, a_opt, b_model, b_opt):
+    a, b = a_model.state_dict(copy=True), b_model.state_dict(copy=True)
+    assert list(a) == list(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    a, b = a_opt.state_dict(), b_opt.state_dict()
+    assert sorted(a) == sorted(b)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_save_then_load_latest_restores_model_optimizer_and_extra(tmp_path):
+    model, opt = _trained()
+    path = mt.checkpoint.save(tmp_path, model, opt, step=7,
+                              extra={"epoch": np.int64(3), "note": "x", "lr": [0.1, 0.01]})
+    assert os.path.basename(path) == "ckpt-00000007.npz"
+    fresh, fresh_opt = _trained(seed=2, steps=1)
+    meta = mt.checkpoint.load_latest(tmp_path, fresh, fresh_opt)
+    assert meta == {"step": 7, "epoch": 3, "note": "x", "lr": [0.1, 0.01]}
+    _same_state(model, opt, fresh, fresh_opt)
+    assert fresh_opt.optimizer.steps == 2
+    # the CLI's format: the user's keys sit in __meta__ beside the step, as the CLI's epoch does
+    loaded = ck.load(path)
+    assert loaded.meta["epoch"] == 3 and loaded.step == 7
+    assert list(loaded.params) == list(model.state_dict())
+
+
+def test_a_plain_optimizer_and_the_default_step(tmp_path):
+    model, opt = _trained(steps=3)
+    path = mt.checkpoint.save(tmp_path, model, opt.optimizer)        # unwrapped; step: its count
+    assert os.path.basename(path) == "ckpt-00000003.npz"
+    fresh, fresh_opt = _trained(seed=2, steps=1)
+    assert mt.checkpoint.load_latest(tmp_path, fresh, fresh_opt.optimizer) == {"step": 3}
+    _same_state(model, opt, fresh, fresh_opt)
+
+
+def test_load_latest_of_no_checkpoint_is_none_and_touches_nothing(tmp_path):
+    model, opt = _trained()
+    before = model.state_dict(copy=True)
+    assert mt.checkpoint.load_latest(tmp_path / "missing", model, opt) is None
+    assert mt.checkpoint.load_latest(tmp_path, model, opt) is None
+    for name, value in model.state_dict(copy=True).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_load_latest_skips_a_damaged_newest_file_with_one_warning_line(tmp_path, capsys):
+    model, opt = _trained()
+    mt.checkpoint.save(tmp_path, model, opt, step=4, extra={"epoch": 1})
+    bad = tmp_path / "ckpt-00000009.npz"
+    bad.write_bytes(b"partial")
+    meta = mt.checkpoint.load_latest(tmp_path, *_trained(seed=2))
+    assert meta == {"step": 4, "epoch": 1}
+    err = capsys.readouterr().err
+    assert err == f"mpitrain: warning: skipping {bad}: not a .npz checkpoint (no zip header)\n"
+
+
+def test_load_latest_of_damaged_files_only_raises(tmp_path):
+    (tmp_path / "ckpt-00000002.npz").write_bytes(b"garbage")
+    with pytest.raises(ck.CheckpointError, match="no valid checkpoint in .*not a .npz"):
+        mt.checkpoint.load_latest(tmp_path, *_trained())
+
+
+def test_a_checkpoint_of_another_model_or_optimizer_is_refused(tmp_path):
+    model, opt = _trained()
+    mt.checkpoint.save(tmp_path, model, opt, step=1)
+    other = mt.models.mlp(in_features=12, hidden=(5,), classes=3, seed=1)
+    other_opt = mt.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ck.CheckpointError, match=r"ckpt-00000001.npz does not fit this model: "
+                                                 r"state_dict\['0.weight'\] has shape"):
+        mt.checkpoint.load_latest(tmp_path, other, other_opt)
+    adam_model, adam = _trained(optimizer="adam")
+    with pytest.raises(ck.CheckpointError, match="does not fit this optimizer: Adam state_dict "
+                                                 "mismatch"):
+        mt.checkpoint.load_latest(tmp_path, adam_model, adam)
+
+
+def test_save_keeps_the_newest_three_by_default_or_keep(tmp_path):
+    model, opt = _trained()
+    for step in range(1, 6):
+        mt.checkpoint.save(tmp_path / "default", model, opt, step=step)
+        mt.checkpoint.save(tmp_path / "one", model, opt, step=step, keep=1)
+        mt.checkpoint.save(tmp_path / "all", model, opt, step=step, keep=None)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path / "default")] == [3, 4, 5]
+    assert [s for s, _ in ck.list_checkpoints(tmp_path / "one")] == [5]
+    assert [s for s, _ in ck.list_checkpoints(tmp_path / "all")] == [1, 2, 3, 4, 5]
+    mt.checkpoint.save(tmp_path / "one", model, opt, step=5, keep=1)    # the same step again
+
+
+def test_save_refuses_a_step_below_the_folders_newest(tmp_path):
+    """keep deletes the lowest steps: a fresh run saving step 1 beside an old run's step 9 would
+    lose its own checkpoint at once, and a later resume would take the old run's."""
+    model, opt = _trained()
+    mt.checkpoint.save(tmp_path, model, opt, step=9)
+    with pytest.raises(ck.CheckpointError, match="holds ckpt-00000009.npz, newer than step 1"):
+        mt.checkpoint.save(tmp_path, model, opt, step=1)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [9]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(extra={"epoch": object()}), "extra object is not JSON-able"),
+    (dict(extra={"step": 3}), r"extra keys \['step'\] are the checkpoint's own"),
+    (dict(extra=[1]), "extra must be a dict"),
+    (dict(step=-1), "step -1 must be an integer >= 0"),
+    (dict(step=2, keep=0), "keep 0 must be an integer >= 1 or None"),
+])
+def test_save_rejects_bad_arguments_before_writing(tmp_path, kwargs, needle):
+    model, opt = _trained()
+    with pytest.raises(ValueError, match=needle):
+        mt.checkpoint.save(tmp_path, model, opt, **kwargs)
+    assert not os.path.exists(tmp_path / "ckpt-00000002.npz")
+
+
+def test_a_failed_save_is_a_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ck.CheckpointError, match="cannot write a checkpoint in .*file"):
+        mt.checkpoint.save(blocker, *_trained(), step=1)
+
+
+def test_load_latest_reads_the_clis_checkpoints(tmp_path):
+    model, opt = _trained()
+    meta = {"model": "mlp", "epoch": 2, "epoch_position_samples": 16}     # as train.py writes
+    ck.write(tmp_path, 12, model.state_dict(copy=True), opt.state_dict(), meta)
+    got = mt.checkpoint.load_latest(tmp_path, *_trained(seed=2))
+    assert got == {"step": 12, "model": "mlp", "epoch": 2, "epoch_position_samples": 16}
