@@ -84,7 +84,7 @@ def _backend(config):
     except Exception as exc:  # noqa: BLE001 - any import/driver failure is the same bad input
         flavour = f" --kernels {config.kernels}" if config.kernels else ""
         raise UsageError(f"--device {config.device}{flavour}: backend unavailable "
-                         f"({' '.join(str(exc).split()) or type(exc).__name__})") from None
+                         f"({_one_line(exc)})") from None
     return backend
 
 
