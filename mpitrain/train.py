@@ -78,7 +78,7 @@ def _backend(config):
     try:
         if config.device == "cuda":
             from mpitrain.comm import device
-            device.select_device()
+            device.select_device(flavour=config.kernels)
         backend = mt.kernels.get(config.device, config.kernels)
         backend.zeros((1,), np.float32)  # fails here, not mid-step, if no device is usable
     except Exception as exc:  # noqa: BLE001 - any import/driver failure is the same bad input

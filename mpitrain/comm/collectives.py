@@ -62,7 +62,8 @@ def _submit(impl, kind, process_set, name, *args):
     state = world_of(process_set, kind + "_async")
     if impl is not host:
         # Device arrays: CuPy's and Numba's current device and stream are per thread, so the
-        # collective runs now on this thread, in order, and the handle is complete at once.
+        # collective runs now, in order, and the handle is complete at once: on this thread, or
+        # behind collectives in flight on the comm thread, where device.py binds the GPU first.
         return handles.completed(getattr(impl, kind), state, *args, kind=kind)
     return handles.submit(getattr(impl, kind), state, *args, kind=kind,
                           span=(kind, {"tensor_name": name, "process_set": state.set_id}))

@@ -7,7 +7,10 @@ on the host (check.py's agreement), so a mismatch is a CollectiveError on every 
 
 GPU selection: ``select_device()`` binds the process to GPU ``local_rank % device_count``; the
 training loop calls it before it allocates anything (a CUDA context created on the wrong GPU
-cannot be moved).
+cannot be moved). CuPy and Numba keep the current GPU per thread, and a new thread starts on GPU
+0: a device collective may run on the comm thread (queued behind non-blocking collectives in
+flight, handles.ordered), so every device collective first binds the process's GPU on the thread
+that runs it (once per thread).
 
 Allreduce transport, chosen once (on the first device collective, identically on every rank,
 logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` -- CommSettings.device_comm --
@@ -15,14 +18,17 @@ forces one):
 
     nccl   cupy.cuda.nccl, when CuPy has it; the NCCL unique id is broadcast over MPI. NCCL
            reduces in place on the device, on the current CuPy stream (the legacy default
-           stream unless the caller changed it, which Numba kernels also use). Not when ranks
-           of a node share a GPU: NCCL refuses two ranks on one device.
+           stream unless the caller changed it, which Numba kernels also use). Not when two
+           ranks share a GPU: NCCL refuses two ranks on one device. Ranks compare (host, PCI
+           bus id), not ordinals: with a per-rank CUDA_VISIBLE_DEVICES every rank is on its
+           GPU 0, and emulated nodes (MPITRAIN_NODE_SIZE) may split one host.
     mpi    CUDA-aware MPI, when the MPI library says so (MPIX_Query_cuda_support() == 1, asked
            through ctypes because mpi4py does not wrap it; MPITRAIN_CUDA_AWARE_MPI=0|1, i.e.
            CommSettings.cuda_aware_mpi, overrides). The device is synchronised first: MPI
            reads device memory directly and knows nothing of queued kernels.
     host   staging through pinned host buffers around the host allreduce (our ring): copy down,
-           reduce, copy up. Always available; the only choice under the CUDA simulator.
+           reduce, copy up, each copy finished before the host reads or reuses the buffer.
+           Always available; the only choice under the CUDA simulator.
 
 Average is Sum then a device scale by postscale/N (prescale first), like the host path; dtypes
 a transport cannot reduce (float16 on MPI, int16 on NCCL) take the host path. The fusion buffer
@@ -42,7 +48,10 @@ cuda_numba) and its three copy/pinned helpers.
 import ctypes
 import importlib.util
 import os
+import re
+import socket
 import sys
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -95,9 +104,20 @@ class _NumbaFamily(_Family):
 
     def to_host(self, flat, host):
         flat.copy_to_host(host)
+        self._wait(flat)
 
     def to_dev(self, host, flat):
         flat.copy_to_device(host)
+        self._wait(flat)
+
+    @staticmethod
+    def _wait(flat):
+        """Numba copies on the array's own stream when it has one -- a producer's, adopted by
+        as_cuda_array from ``__cuda_array_interface__["stream"]`` -- and then asynchronously:
+        the copy must be done before the pinned buffer is read or reused. Without a stream
+        (0) the copy was synchronous."""
+        if flat.stream:
+            flat.stream.synchronize()
 
     def stream_ptr(self):
         return 0                                   # Numba launches on the legacy default stream
@@ -123,7 +143,8 @@ class _CupyFamily(_Family):
         flat.get(out=host)
 
     def to_dev(self, host, flat):
-        flat.set(host)
+        flat.set(host)            # asynchronous on the current stream: the source is pinned
+        self.cupy.cuda.get_current_stream().synchronize()
 
     def stream_ptr(self):
         return self.cupy.cuda.get_current_stream().ptr
@@ -143,10 +164,12 @@ def _family(x):
 
 # --- GPU selection ------------------------------------------------------------------------------
 
-def select_device(local_rank=None):
+def select_device(local_rank=None, flavour=None):
     """Bind this process to GPU ``local_rank % device_count()`` (idempotent); returns its id.
 
-    Call before any device allocation. local_rank defaults to mpitrain's local rank.
+    Call before any device allocation. local_rank defaults to mpitrain's local rank. flavour
+    "numba" (``--kernels numba``) binds Numba only and never imports CuPy; otherwise CuPy too,
+    when it is installed.
     """
     state = world.current().device                  # the process's GPU: the global World's
     if state.get("device") is not None:
@@ -156,14 +179,35 @@ def select_device(local_rank=None):
         raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
     rank = world.local_rank() if local_rank is None else int(local_rank)
     dev = rank % count
-    if "cupy" in sys.modules or importlib.util.find_spec("cupy") is not None:
+    if flavour != "numba" and ("cupy" in sys.modules
+                               or importlib.util.find_spec("cupy") is not None):
         import cupy
         cupy.cuda.Device(dev).use()
     from numba import cuda
     if cuda.is_available():
         cuda.select_device(dev)
+    _this_thread.device = dev
     state["device"] = dev
     return dev
+
+
+_this_thread = threading.local()     # .device: the GPU made current on this thread
+
+
+def _bind_thread():
+    """Make the process's GPU (select_device's) current on the calling thread, once per thread:
+    CuPy and Numba keep it per thread, and a thread that never chose one (the comm thread) runs
+    on GPU 0. CuPy is bound only if loaded (select_device loads it unless the flavour is numba)."""
+    dev = world.current().device.get("device")
+    if dev is None or getattr(_this_thread, "device", None) == dev:
+        return
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.cuda.Device(dev).use()
+    from numba import cuda
+    if cuda.is_available():
+        cuda.select_device(dev)
+    _this_thread.device = dev
 
 
 def _current_device():
@@ -177,6 +221,35 @@ def _current_device():
         except Exception:  # noqa: BLE001 - no device: nothing to compare
             return -1
     return -1
+
+
+def _gpu_identity(dev):
+    """(host, GPU) naming GPU ``dev`` of this process across ranks: two ranks share a GPU when
+    theirs are equal. The GPU is its PCI address, else Numba's UUID (the simulator has no PCI
+    address), else the ordinal (-1: none)."""
+    return socket.gethostname(), (_pci_address(dev) if dev >= 0 else None) or f"ordinal {dev}"
+
+
+def _pci_address(dev):
+    """"domain:bus:device" of GPU ``dev`` (CuPy's if CuPy is loaded, else Numba's; both give the
+    same string), Numba's UUID where there is no PCI address, or None."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            domain, bus, slot = re.split("[:.]", cupy.cuda.Device(dev).pci_bus_id)[:3]
+            return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(slot, 16):02x}"
+        except Exception:  # noqa: BLE001 - CuPy without this device: ask Numba
+            pass
+    try:
+        from numba import cuda
+        gpu = cuda.gpus[dev]
+        if not hasattr(gpu, "get_device_identity"):                 # the simulator's
+            return gpu.device.uuid
+        ids = gpu.get_device_identity()
+        return (f"{ids['pci_domain_id']:04x}:{ids['pci_bus_id']:02x}:"
+                f"{ids['pci_device_id']:02x}")
+    except Exception:  # noqa: BLE001 - no CUDA driver: the ordinal is all there is
+        return None
 
 
 # --- transport choice ---------------------------------------------------------------------------
@@ -217,7 +290,7 @@ def transport(state=None):
     comm = state.comm
     forced = state.settings.device_comm              # validated and agreed at init
     # NCCL refuses two ranks of one communicator on the same GPU (ranks sharing GPUs)
-    ids = state.local.allgather(_current_device())
+    ids = comm.allgather(_gpu_identity(_current_device()))
     shared_gpu = len(set(ids)) < len(ids)
     # a transport is usable only if it is usable on every rank
     local = np.array([_nccl_ok() and not shared_gpu, cuda_aware_mpi(), True], np.int32)
@@ -292,7 +365,9 @@ def _flat(a):
 
 
 def _check(x, kind):
-    """(wrapped array, family, error string or None) for one device argument."""
+    """(wrapped array, family, error string or None) for one device argument; first of all the
+    process's GPU is made current on this thread (every device collective starts here)."""
+    _bind_thread()
     fam = _family(x)
     a = fam.wrap(x)
     if np.dtype(a.dtype) not in DTYPES:

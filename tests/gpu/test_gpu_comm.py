@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.comm import device
+from mpitrain.comm import device, handles
+from mpitrain.comm.build_info import device_count
 from tests.support.comm import comm_settings
 
 pytestmark = pytest.mark.gpu
@@ -38,3 +39,26 @@ def test_collectives_match_host(gpu, transport):
     d = gpu.to_device(xs[1])
     mt.broadcast_(d, root_rank=0)
     np.testing.assert_array_equal(gpu.to_host(d), mt.broadcast(xs[1], 0))
+
+
+def _current_gpu(gpu):
+    """The GPU current on the calling thread for the flavour of ``gpu``."""
+    if "cupy" in gpu.__name__:
+        import cupy
+        return cupy.cuda.Device().id
+    from numba import cuda
+    return cuda.get_current_device().id
+
+
+def test_comm_thread_collectives_stay_on_the_rank_gpu(gpu):
+    """Ranks on GPUs 0 and 1 (mpiexec -n 2): a device collective the comm thread runs reduces
+    on the rank's GPU, and the ranks do not count as sharing one."""
+    if device_count() < 2 or mt.local_size() < 2:
+        pytest.skip("needs 2 GPUs and 2 ranks on them (mpiexec -n 2)")
+    dev = device.select_device()
+    x = np.arange(6, dtype=np.float32) + mt.rank()
+    out = handles.synchronize(handles.submit(mt.allreduce, gpu.to_device(x), mt.Sum))
+    np.testing.assert_allclose(gpu.to_host(out), mt.allreduce(x, op=mt.Sum))
+    assert handles.synchronize(handles.submit(_current_gpu, gpu)) == dev
+    ids = mt.allgather_object(device._gpu_identity(dev))
+    assert len(set(ids)) == len(ids), ids
