@@ -19,6 +19,10 @@ Module-level kernels, the collective reductions excepted, are ``cuda.jit(cache=T
 GPU each rank of each run would otherwise compile some forty kernels at first use (Numba keeps
 the PTX/cubin per compute capability in ``__pycache__``, or the user cache when that is
 read-only); the simulator ignores the flag. The GEMM factory's per-dtype closures are not cached.
+Float16 specialisations are never cached: numba-cuda links CUDA's fp16 library into a kernel
+that computes in float16, and Numba cannot pickle a kernel with linked files ("Cannot pickle
+CUDACodeLibrary with linking files"). The kernels float16 arrays can reach (``_half_safe``) are
+compiled twice over, disk-cached for the other dtypes and uncached for float16.
 
 Reductions (``total``, ``count_correct``) are deterministic: every block reduces its part in shared
 memory into one float64 partial, and the few partials are summed on the host in block order.
@@ -27,7 +31,9 @@ second kernel adds each channel's chunks in order (``_channel_sums``). The GEMM 
 shared-memory kernel with register blocking (16 x 16 threads, each computing 4 x 4 outputs of
 a 64 x 64 tile; op(a) and op(b) staged through shared memory in K-stages of 16,
 loaded with consecutive threads on each operand's contiguous axis so global reads coalesce
-whatever the transposes).
+whatever the transposes). Where the output has too few tiles to fill the GPU and K is long (a
+convolution's weight gradient), K is split: each split writes its partial tile to a scratch
+(S, M, N), and a second kernel adds the partials in split order (``_gemm_splits``).
 """
 import functools
 import math
@@ -154,6 +160,26 @@ def _scalar(a, value):
     return a.dtype.type(value) if a.dtype.kind == "f" else float(value)
 
 
+_F16 = np.dtype(np.float16)
+
+
+class _half_safe:
+    """A kernel that float16 arrays can reach, compiled twice over: ``cuda.jit(cache=True)`` for
+    every other dtype and uncached for float16 (see the module docstring: a float16 kernel
+    links CUDA's fp16 library, and Numba cannot save such a kernel to its disk cache).
+    ``kernel.pick(*arrays)`` is the dispatcher to launch for those arrays."""
+
+    def __init__(self, fn):
+        self.cached = cuda.jit(cache=True)(fn)
+        self.uncached = cuda.jit(fn)
+
+    def pick(self, *arrays):
+        for a in arrays:
+            if a.dtype == _F16:
+                return self.uncached
+        return self.cached
+
+
 # --- Memory -------------------------------------------------------------------------------------
 
 def empty(shape, dtype=np.float32):
@@ -180,7 +206,7 @@ def synchronize():
     cuda.synchronize()
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _fill_k(a, value):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         a[i] = value
@@ -188,10 +214,10 @@ def _fill_k(a, value):
 
 def fill(a, value):
     a = _flat(a)
-    _launch(_fill_k, a.size, a, a.dtype.type(value))
+    _launch(_fill_k.pick(a), a.size, a, a.dtype.type(value))
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _copy_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = src[i]
@@ -200,14 +226,14 @@ def _copy_k(dst, src):
 def copy(dst, src):
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("copy", src, dst)
-    _launch(_copy_k, dst.size, dst, src)
+    _launch(_copy_k.pick(dst, src), dst.size, dst, src)
 
 
 # cast is copy with conversion on store (e.g. float32 -> float16 for fp16 compression)
 cast = copy
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _scale_k(a, factor):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         a[i] = a[i] * factor
@@ -215,10 +241,10 @@ def _scale_k(a, factor):
 
 def scale(a, factor):
     a = _flat(a)
-    _launch(_scale_k, a.size, a, _scalar(a, factor))
+    _launch(_scale_k.pick(a), a.size, a, _scalar(a, factor))
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _add_k(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] + src[i]
@@ -227,7 +253,7 @@ def _add_k(dst, src):
 def add(dst, src):
     dst, src = _flat(dst), _flat(src)
     host_shape.same_size("add", src, dst)
-    _launch(_add_k, dst.size, dst, src)
+    _launch(_add_k.pick(dst, src), dst.size, dst, src)
 
 
 _scratch_arrays = {}
@@ -259,7 +285,7 @@ def _block_sum(acc, partials):
         partials[cuda.blockIdx.x] = buf[0]
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _total_k(a, partials):
     acc = float64(0.0)
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
@@ -273,49 +299,102 @@ def total(a):
         return 0.0
     blocks, tpb = _grid(a.size)
     partials = _scratch(blocks)
-    _total_k[blocks, tpb](a, partials)
+    _total_k.pick(a)[blocks, tpb](a, partials)
     return float(partials.copy_to_host().sum())
 
 
 # --- GEMM ---------------------------------------------------------------------------------------
 
+# Split K. A convolution's weight gradient has a small output (C_out x C*kh*kw, one to a few
+# dozen 64 x 64 tiles) and a long K (N*OH*OW, 50,000 and more): with one block per tile most
+# multiprocessors idle while each block walks all of K. When the tiles are fewer than the blocks
+# that fill the GPU (two per multiprocessor), K is cut into S splits of at least
+# _SPLIT_MIN_STAGES K-stages each (a split's partial tile costs a store and a load, which enough
+# of K amortises): S = min(ceil(wanted / tiles), stages // _SPLIT_MIN_STAGES). Split s stores its
+# tile in a scratch (S, M, N); _gemm_sum_k then adds each output's S partials in split order.
+# Deterministic: every sum has a fixed order, whatever the grid.
+_SPLIT_MIN_STAGES = 2 if _SIM else 16
+
+
 @functools.cache
-def _make_gemm(dtype):
+def _gemm_blocks_wanted():
+    """Blocks that fill the GPU: two per multiprocessor (an H100's 132 in the simulator)."""
+    return 2 * (132 if _SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def _gemm_splits(tiles, kdim):
+    """The number of K splits for ``tiles`` output tiles and K = ``kdim`` (1: K is not split).
+    Split s covers the K-stages [s * per, (s + 1) * per), per = ceil(stages / S); S is the
+    fewest splits of that length, so none is empty."""
+    stages = (kdim + _TILE - 1) // _TILE
+    wanted = _gemm_blocks_wanted()
+    if tiles >= wanted or stages < 2 * _SPLIT_MIN_STAGES:
+        return 1
+    splits = min((wanted + tiles - 1) // tiles, stages // _SPLIT_MIN_STAGES)
+    per = (stages + splits - 1) // splits
+    return (stages + per - 1) // per
+
+
+@functools.cache
+def _make_gemm(dtype, split):
     """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time;
-    one kernel per dtype, made at its first use).
+    one kernel per dtype and ``split``, made at its first use).
 
     A block of _TILE x _TILE threads computes a _BM x _BM output tile (_BM = _TILE * _MICRO):
     each thread accumulates _MICRO x _MICRO outputs in registers, rows ty + p*_TILE and columns
     tx + q*_TILE, so one value read from shared memory feeds _MICRO multiply-adds. K advances in
     stages of _TILE: every thread loads _MICRO elements of op(a) and of op(b), with consecutive
     threads on the operand's contiguous axis (coalesced for either transpose).
+
+    With ``split``, ``out`` is the scratch (S, M, N): the blocks walk (split, tile) pairs, and
+    split s stores the product over its K-stages (``_gemm_splits``) in out[s].
     """
     nbt = from_dtype(np.dtype(dtype))
     tt, micro, bm = _TILE, _MICRO, _TILE * _MICRO       # compile-time constants (closure)
     bk = _TILE
     bk_pad, bm_pad = bk + 1, bm + 1                     # +1: no shared-memory bank conflicts
 
+    if split:
+        @cuda.jit(device=True)
+        def store(out, s, r, c, v, accumulate):
+            out[s, r, c] = v
+    else:
+        @cuda.jit(device=True)
+        def store(out, s, r, c, v, accumulate):
+            if accumulate:
+                out[r, c] += v
+            else:
+                out[r, c] = v
+
     @cuda.jit
     def gemm_k(a, b, out, trans_a, trans_b, accumulate):
-        # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes output tiles
-        # b, b + gridDim.x, ... (one tile per block on a GPU; few blocks under the simulator)
+        # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes the (split, tile)
+        # pairs b, b + gridDim.x, ... (one per block on a GPU; few blocks under the simulator)
         sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
         sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
         acc = cuda.local.array((micro, micro), nbt)
-        m, n = out.shape
+        m, n = out.shape[-2], out.shape[-1]
+        splits = out.shape[0] if split else 1
         kdim = a.shape[0] if trans_a else a.shape[1]
+        kchunk = (((kdim + bk - 1) // bk + splits - 1) // splits) * bk
         tiles_n = (n + bm - 1) // bm
         tiles = ((m + bm - 1) // bm) * tiles_n
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         tid = ty * tt + tx
-        for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+        for st in range(cuda.blockIdx.x, tiles * splits, cuda.gridDim.x):
+            s = st // tiles
+            t = st - s * tiles
             row0 = (t // tiles_n) * bm
             col0 = (t % tiles_n) * bm
+            k_begin = s * kchunk
+            k_end = k_begin + kchunk
+            if k_end > kdim:            # not min(): see _bn_stats_k
+                k_end = kdim
             for p in range(micro):
                 for q in range(micro):
                     acc[p, q] = 0
-            for k0 in range(0, kdim, bk):
+            for k0 in range(k_begin, k_end, bk):
                 for e in range(micro):                  # bm * bk = micro * tt**2 elements
                     idx = e * tt * tt + tid
                     if trans_a:                         # a (K, M): i is contiguous
@@ -323,25 +402,25 @@ def _make_gemm(dtype):
                         kk = idx // bm
                         r = row0 + i
                         kg = k0 + kk
-                        sa[i, kk] = a[kg, r] if (r < m and kg < kdim) else nbt(0)
+                        sa[i, kk] = a[kg, r] if (r < m and kg < k_end) else nbt(0)
                     else:                               # a (M, K): k is contiguous
                         kk = idx % bk
                         i = idx // bk
                         r = row0 + i
                         kg = k0 + kk
-                        sa[i, kk] = a[r, kg] if (r < m and kg < kdim) else nbt(0)
+                        sa[i, kk] = a[r, kg] if (r < m and kg < k_end) else nbt(0)
                     if trans_b:                         # b (N, K): k is contiguous
                         kk = idx % bk
                         j = idx // bk
                         c = col0 + j
                         kg = k0 + kk
-                        sb[kk, j] = b[c, kg] if (c < n and kg < kdim) else nbt(0)
+                        sb[kk, j] = b[c, kg] if (c < n and kg < k_end) else nbt(0)
                     else:                               # b (K, N): j is contiguous
                         j = idx % bm
                         kk = idx // bm
                         c = col0 + j
                         kg = k0 + kk
-                        sb[kk, j] = b[kg, c] if (c < n and kg < kdim) else nbt(0)
+                        sb[kk, j] = b[kg, c] if (c < n and kg < k_end) else nbt(0)
                 cuda.syncthreads()
                 for kk in range(bk):
                     for p in range(micro):
@@ -354,12 +433,25 @@ def _make_gemm(dtype):
                 for q in range(micro):
                     c = col0 + tx + q * tt
                     if r < m and c < n:
-                        if accumulate:
-                            out[r, c] += acc[p, q]
-                        else:
-                            out[r, c] = acc[p, q]
+                        store(out, s, r, c, acc[p, q], accumulate)
 
     return gemm_k
+
+
+@cuda.jit(cache=True)
+def _gemm_sum_k(part, out, accumulate):
+    # out (M, N) (=|+=) the sum of part (S, M, N) over S, added in split order
+    splits, m, n = part.shape
+    for i in range(cuda.grid(1), m * n, cuda.gridsize(1)):
+        r = i // n
+        c = i - r * n
+        acc = part[0, r, c]
+        for s in range(1, splits):
+            acc += part[s, r, c]
+        if accumulate:
+            out[r, c] += acc
+        else:
+            out[r, c] = acc
 
 
 def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
@@ -375,9 +467,15 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
         return
     bm = _TILE * _MICRO
     tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
-    blocks = min(tiles, _MAX_GEMM_BLOCKS)
-    _make_gemm(out.dtype)[blocks, (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
-                                                   bool(accumulate))
+    splits = _gemm_splits(tiles, ka)
+    if splits == 1:
+        _make_gemm(out.dtype, False)[min(tiles, _MAX_GEMM_BLOCKS), (_TILE, _TILE)](
+            a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
+        return
+    part = _scratch((splits, m, n), out.dtype)
+    _make_gemm(out.dtype, True)[min(tiles * splits, _MAX_GEMM_BLOCKS), (_TILE, _TILE)](
+        a, b, part, bool(trans_a), bool(trans_b), False)
+    _gemm_sum_k[_grid(m * n)](part, out, bool(accumulate))
 
 
 # --- Dense layers -------------------------------------------------------------------------------
@@ -385,10 +483,11 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
 @cuda.jit(cache=True)
 def _bias_act_k(y, bias, relu):
     f = bias.size
+    zero = y.dtype.type(0)          # a Python 0 would make v a float64
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
         v = y[i] + bias[i % f]
-        if relu and v < 0:
-            v = 0
+        if relu and v < zero:
+            v = zero
         y[i] = v
 
 
@@ -400,9 +499,10 @@ def bias_act(y, bias, relu):
 
 @cuda.jit(cache=True)
 def _relu_k(x, out):
+    zero = x.dtype.type(0)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         v = x[i]
-        out[i] = v if v > 0 else 0
+        out[i] = v if v > zero else zero
 
 
 def relu(x, out):
@@ -413,8 +513,9 @@ def relu(x, out):
 
 @cuda.jit(cache=True)
 def _relu_backward_k(y, grad_out, grad_in):
+    zero = grad_out.dtype.type(0)
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        grad_in[i] = grad_out[i] if y[i] > 0 else 0
+        grad_in[i] = grad_out[i] if y[i] > zero else zero
 
 
 def relu_backward(y, grad_out, grad_in):
@@ -437,7 +538,7 @@ def _bias_partials_k(grad_out, partials, rows_per_chunk):
     for i in range(cuda.grid(1), chunks * feats, cuda.gridsize(1)):
         chunk = i // feats
         f = i - chunk * feats                    # neighbouring threads: neighbouring columns
-        acc = grad_out[0, f] * 0
+        acc = grad_out.dtype.type(0)
         end = (chunk + 1) * rows_per_chunk
         if end > rows:
             end = rows
@@ -449,7 +550,7 @@ def _bias_partials_k(grad_out, partials, rows_per_chunk):
 @cuda.jit(cache=True)
 def _bias_sum_k(partials, grad_bias):
     for f in range(cuda.grid(1), grad_bias.size, cuda.gridsize(1)):
-        acc = grad_bias[f] * 0
+        acc = grad_bias.dtype.type(0)
         for chunk in range(partials.shape[0]):
             acc += partials[chunk, f]
         grad_bias[f] += acc
@@ -468,7 +569,9 @@ def bias_grad(grad_out, grad_bias):
 
 
 # --- Activations and softmax --------------------------------------------------------------------
-# Constants arrive as scalars of the array's dtype (``one``), so float32 work stays in float32.
+# Constants arrive as scalars of the array's dtype (``one``) or are made from it in the kernel
+# (``x.dtype.type(0)``), so float32 work stays in float32: a Python literal (0, 1.0) is an
+# int64 or float64 to Numba and would promote the arithmetic around it to float64.
 
 @cuda.jit(cache=True)
 def _tanh_k(x, out):
@@ -941,9 +1044,10 @@ def _mix32(x):
 
 @cuda.jit(cache=True)
 def _dropout_forward_k(x, y, mask, threshold, keep_scale, seed_hash):
+    zero = mask.dtype.type(0)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         h = _mix32(_mix32(np.uint64(i)) ^ seed_hash)
-        m = keep_scale if (h >> np.uint64(8)) >= threshold else keep_scale * 0
+        m = keep_scale if (h >> np.uint64(8)) >= threshold else zero
         mask[i] = m
         y[i] = x[i] * m
 
@@ -957,7 +1061,7 @@ def dropout_forward(x, y, mask, p, seed):
             seed_hash)
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _mul_k(a, b, out):
     for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
         out[i] = a[i] * b[i]
@@ -966,12 +1070,12 @@ def _mul_k(a, b, out):
 def dropout_backward(grad_y, mask, grad_x):
     grad_y, mask, grad_x = _flat(grad_y), _flat(mask), _flat(grad_x)
     host_shape.same_size("dropout_backward", grad_y, mask, grad_x)
-    _launch(_mul_k, grad_y.size, grad_y, mask, grad_x)
+    _launch(_mul_k.pick(grad_y, mask, grad_x), grad_y.size, grad_y, mask, grad_x)
 
 
 # --- Optimizer updates --------------------------------------------------------------------------
 
-@cuda.jit(cache=True)
+@_half_safe
 def _sgd_k(param, grad, buf, lr, momentum, nesterov, weight_decay):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         g = grad[i] + weight_decay * param[i]
@@ -988,16 +1092,17 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
     buf = _flat(buf) if momentum != 0 else param
     host_shape.same_size("sgd_update", param, grad, buf)
     s = lambda v: _scalar(param, v)  # noqa: E731
-    _launch(_sgd_k, param.size, param, grad, buf, s(lr), s(momentum), bool(nesterov),
-            s(weight_decay))
+    _launch(_sgd_k.pick(param, grad, buf), param.size, param, grad, buf, s(lr), s(momentum),
+            bool(nesterov), s(weight_decay))
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, weight_decay, inv_sqrt_bc2):
+    one = param.dtype.type(1)
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         g = grad[i] + weight_decay * param[i]
-        mi = beta1 * m[i] + (1 - beta1) * g
-        vi = beta2 * v[i] + (1 - beta2) * g * g
+        mi = beta1 * m[i] + (one - beta1) * g
+        vi = beta2 * v[i] + (one - beta2) * g * g
         m[i] = mi
         v[i] = vi
         param[i] = param[i] - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
@@ -1011,12 +1116,12 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     if param.size:
         # PyTorch: step_size = lr / (1 - b1^t); denom = sqrt(v) / sqrt(1 - b2^t) + eps
         s = lambda x: _scalar(param, x)  # noqa: E731
-        _adam_k[_grid(param.size)](param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1),
-                                   s(beta2), s(eps), s(weight_decay),
-                                   s(1 / math.sqrt(1 - beta2 ** step)))
+        _adam_k.pick(param, grad, m, v)[_grid(param.size)](
+            param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1), s(beta2), s(eps),
+            s(weight_decay), s(1 / math.sqrt(1 - beta2 ** step)))
 
 
-@cuda.jit(cache=True)
+@_half_safe
 def _rmsprop_k(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay, momentum,
                centered, one):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
@@ -1043,8 +1148,9 @@ def rmsprop_update(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weigh
     buf = _flat(buf) if momentum != 0 else param
     host_shape.same_size("rmsprop_update", param, grad, square_avg, grad_avg, buf)
     s = lambda v: _scalar(param, v)  # noqa: E731
-    _launch(_rmsprop_k, param.size, param, grad, square_avg, grad_avg, buf, s(lr), s(alpha),
-            s(eps), s(weight_decay), s(momentum), bool(centered), s(1))
+    kernel = _rmsprop_k.pick(param, grad, square_avg, grad_avg, buf)
+    _launch(kernel, param.size, param, grad, square_avg, grad_avg, buf, s(lr), s(alpha), s(eps),
+            s(weight_decay), s(momentum), bool(centered), s(1))
 
 
 # --- Collective reductions ----------------------------------------------------------------------
@@ -1340,8 +1446,9 @@ def global_avgpool_forward(x, y):
 
 @cuda.jit(cache=True)
 def _global_avgpool_backward_k(grad_y, grad_x, l_n):
+    count = grad_x.dtype.type(l_n)  # dividing by the integer l_n would compute in float64
     for i in range(cuda.grid(1), grad_x.size, cuda.gridsize(1)):
-        grad_x[i] = grad_y[i // l_n] / l_n
+        grad_x[i] = grad_y[i // l_n] / count
 
 
 def global_avgpool_backward(grad_y, grad_x):

@@ -70,8 +70,8 @@ def test_bad_input_names_the_value(dev, call, match):
         call(dev)
 
 
-def test_every_kernel_compiles_for_the_real_cuda_target():
-    """ptx_check.py: NVVM type-checks and compiles each kernel (no GPU needed, only libnvvm)."""
+def _ptx_check(*args):
+    """Run tests/cudasim/ptx_check.py (no simulator) with ``args``; the finished process."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     if "CUDA_HOME" not in env:
         try:                                     # the pip wheel nvidia-cuda-nvcc-cu12
@@ -81,9 +81,42 @@ def test_every_kernel_compiles_for_the_real_cuda_target():
         if spec is not None and spec.submodule_search_locations:
             env["CUDA_HOME"] = list(spec.submodule_search_locations)[0]
     repo = pathlib.Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.cudasim.ptx_check"],
-                         env=env, cwd=repo, capture_output=True, text=True, timeout=280)
+    return subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.cudasim.ptx_check",
+                           *args], env=env, cwd=repo, capture_output=True, text=True,
+                          timeout=280)
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    """ptx_check.py's run: NVVM type-checks and compiles each kernel (no GPU, only libnvvm)."""
+    res = _ptx_check()
     if res.returncode == 2 and "libnvvm not found" in res.stdout:
         pytest.skip("no libnvvm (CUDA toolkit or pip nvidia-cuda-nvcc-cu12) to compile PTX")
-    assert res.returncode == 0 and " 0 cases failed" in res.stdout, res.stdout[-4000:] \
-        + res.stderr[-2000:]
+    return res
+
+
+def test_every_kernel_compiles_for_the_real_cuda_target(ptx):
+    assert " 0 cases failed" in ptx.stdout, ptx.stdout[-4000:] + ptx.stderr[-2000:]
+
+
+def test_float32_kernels_compute_in_float32(ptx):
+    """No float64 instruction in a float32 kernel's PTX: a Python literal (``v = 0``,
+    ``1 - beta1``, ``x * 0``) or an integer divisor would promote its arithmetic to float64,
+    which an H100 runs at half the float32 rate (or far less on other GPUs). The kernels that
+    accumulate in float64 on purpose are listed in ptx_check.FLOAT64_BY_DESIGN."""
+    found = [line for line in ptx.stdout.splitlines() if line.startswith("FLOAT64 ")]
+    assert not found, "\n".join(found)
+    assert " 0 float32 specialisations with float64 instructions" in ptx.stdout, ptx.stdout[-2000:]
+
+
+def test_float16_launches_never_use_the_disk_cache():
+    """A disk-cached kernel launched on float16 arrays fails on a GPU at its first launch: the
+    float16 arithmetic links CUDA's fp16 library, and Numba raises "Cannot pickle
+    CUDACodeLibrary with linking files" when it saves the kernel. Every kernel case runs through
+    the real dispatchers here (nothing is compiled, so no libnvvm is needed); the float16 ones
+    (scale, add, fill, copy/cast, total) must reach uncached dispatchers."""
+    res = _ptx_check("--launches-only")
+    found = [line for line in res.stdout.splitlines() if line.startswith("CACHED-FLOAT16 ")]
+    assert not found, "\n".join(found)
+    assert res.returncode == 0 and " 0 float16 specialisations of disk-cached kernels" \
+        in res.stdout, res.stdout[-4000:] + res.stderr[-2000:]

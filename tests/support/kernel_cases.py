@@ -5,7 +5,9 @@ copies and the device kernel ``to_device`` copies of the same arrays, then compa
 argument afterwards (outputs and in-place updates alike) and the return value. Shapes are tiny
 (the CUDA simulator runs one Python thread per GPU thread) but cross the simulator's block and
 GEMM-tile edges (32 threads x 2 blocks, 8 x 8 GEMM tiles with K-stages of 4), so
-grid-stride loops, partial tiles and several K-stages run.
+grid-stride loops, partial tiles and several K-stages run; the split-K GEMM cases have few
+tiles and a long K, so the Numba GEMM splits K (in the simulator and, for the longest, on a GPU).
+The float16 cases are the kernels the fp16 gradient compression runs on float16 buffers.
 Used by tests/cudasim (Numba CUDA under NUMBA_ENABLE_CUDASIM=1) and tests/gpu (CuPy).
 """
 import numpy as np
@@ -24,36 +26,59 @@ def _conv_out(h, k, s, p):
     return (h + 2 * p - k) // s + 1
 
 
+def _gemm(rng, m, k, n, ta, tb, acc, dtype=np.float32):
+    """gemm's arguments for out (m, n) (=|+=) op(a) (m, k) @ op(b) (k, n)."""
+    a = _r(rng, k, m, dtype=dtype) if ta else _r(rng, m, k, dtype=dtype)
+    b = _r(rng, n, k, dtype=dtype) if tb else _r(rng, k, n, dtype=dtype)
+    return [a, b, _r(rng, m, n, dtype=dtype), ta, tb, acc]
+
+
 def _cases():
     """(id, kernel name, builder(rng) -> args, tolerance)."""
     c = []
     c.append(("fill", "fill", lambda g: [_r(g, 5, 7), 3.5], EXACT))
+    c.append(("fill-f16", "fill", lambda g: [_r(g, 5, 7, dtype=np.float16), -2.75], EXACT))
     c.append(("copy", "copy", lambda g: [_r(g, 37), _r(g, 37)], EXACT))
     c.append(("copy-2d", "copy", lambda g: [_r(g, 4, 9), _r(g, 4, 9)], EXACT))
+    c.append(("copy-f16", "copy", lambda g: [_r(g, 37, dtype=np.float16),
+                                             _r(g, 37, dtype=np.float16)], EXACT))
     c.append(("scale", "scale", lambda g: [_r(g, 70), 0.25], F32))
     c.append(("scale-int32", "scale", lambda g: [(_r(g, 40) * 50).astype(np.int32), 0.3],
               EXACT))                                   # float product, truncated toward zero
     c.append(("add", "add", lambda g: [_r(g, 70), _r(g, 70)], F32))
     c.append(("add-f64", "add", lambda g: [_r(g, 9, dtype=np.float64),
                                            _r(g, 9, dtype=np.float64)], F64))
+    # float16 products and sums rounded once from float32 (exact there): the same bits everywhere
+    c.append(("scale-f16", "scale", lambda g: [_r(g, 70, dtype=np.float16), 0.3], EXACT))
+    c.append(("add-f16", "add", lambda g: [_r(g, 70, dtype=np.float16),
+                                           _r(g, 70, dtype=np.float16)], EXACT))
     c.append(("cast-f16", "cast", lambda g: [np.zeros(37, np.float16), _r(g, 37)], EXACT))
     c.append(("cast-f32", "cast", lambda g: [np.zeros(37, np.float32),
                                              _r(g, 37).astype(np.float16)], EXACT))
     c.append(("total", "total", lambda g: [_r(g, 3, 50)], dict(rtol=1e-9, atol=1e-9)))
     c.append(("total-empty", "total", lambda g: [np.zeros(0, np.float32)], EXACT))
+    c.append(("total-f16", "total", lambda g: [_r(g, 3, 50, dtype=np.float16)],
+              dict(rtol=1e-9, atol=1e-9)))
     for ta in (False, True):
         for tb in (False, True):
             for acc in (False, True):
-                def gemm_args(g, ta=ta, tb=tb, acc=acc):
-                    m, k, n = 13, 11, 9              # > one 8x8 tile in every dimension
-                    a = _r(g, k, m) if ta else _r(g, m, k)
-                    b = _r(g, n, k) if tb else _r(g, k, n)
-                    return [a, b, _r(g, m, n), ta, tb, acc]
-                c.append((f"gemm-ta{int(ta)}-tb{int(tb)}-acc{int(acc)}", "gemm", gemm_args,
+                tag = f"ta{int(ta)}-tb{int(tb)}-acc{int(acc)}"
+                # > one 8x8 tile in every dimension
+                c.append((f"gemm-{tag}", "gemm",
+                          lambda g, ta=ta, tb=tb, acc=acc: _gemm(g, 13, 11, 9, ta, tb, acc),
+                          dict(rtol=1e-4, atol=1e-5)))
+                # split K: two output tiles, K = 50 (13 K-stages: 5 splits in the simulator)
+                c.append((f"gemm-splitk-{tag}", "gemm",
+                          lambda g, ta=ta, tb=tb, acc=acc: _gemm(g, 9, 50, 7, ta, tb, acc),
                           dict(rtol=1e-4, atol=1e-5)))
     c.append(("gemm-f64", "gemm", lambda g: [_r(g, 3, 17, dtype=np.float64),
                                              _r(g, 17, 5, dtype=np.float64),
                                              np.zeros((3, 5)), False, False, False], F64))
+    c.append(("gemm-splitk-f64", "gemm",
+              lambda g: _gemm(g, 9, 50, 7, True, False, True, np.float64), F64))
+    # K = 600: split on a GPU too (38 K-stages of 16: 2 splits)
+    c.append(("gemm-splitk-long", "gemm", lambda g: _gemm(g, 9, 600, 7, True, False, True),
+              dict(rtol=1e-4, atol=1e-4)))
     c.append(("bias_act", "bias_act", lambda g: [_r(g, 5, 7), _r(g, 7), False], F32))
     c.append(("bias_act-relu", "bias_act", lambda g: [_r(g, 9, 8), _r(g, 8), True], F32))
     c.append(("relu", "relu", lambda g: [_r(g, 6, 11), _r(g, 6, 11)], EXACT))
