@@ -69,7 +69,8 @@ Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order;
     nhwc_to_nchw(src, dst)                src (N*OH*OW, C) -> dst (N, C, OH, OW)
     nchw_to_nhwc(src, dst)                src (N, C, OH, OW) -> dst (N*OH*OW, C)
     (optional, not in the contract: a backend may add conv2d_forward / conv2d_backward, its own
-    whole convolution, which Conv2D then uses instead; the CPU does: kernels/cpu_conv.py)
+    whole convolution, which Conv2D then uses instead; the CPU (kernels/cpu_conv.py) and the
+    CuPy flavour do)
 Pooling and dropout
     maxpool_forward(x, y, argmax, k, stride)
                                           x (N, C, H, W) -> y (N, C, OH, OW); argmax int32 (same
@@ -139,6 +140,9 @@ Optimizer updates (in place on param and state)
                                           when momentum == 0);
                                           g = g + momentum*buf if nesterov else buf;
                                           param -= lr*g
+    (optional, not in the contract: sgd_update_group(params, grads, bufs, lr, momentum,
+    nesterov, weight_decays), sgd_update of every parameter of an optimizer in one call, which
+    SGD then uses; the CuPy flavour has it)
     adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step)
                                           PyTorch Adam (L2 weight decay added to grad),
                                           bias correction with the 1-based step

@@ -1,15 +1,16 @@
 """CUDA backend, CuPy flavour: CuPy arrays, cuBLAS GEMMs, CuPy elementwise/raw kernels.
 
-The same names as kernels/cpu.py (see kernels/__init__.py for the contract). GEMMs go to cuBLAS
-(``cupy.matmul``; with ``accumulate`` through ``cupy.cublas.gemm`` with beta=1, so nothing is
-copied). Everything else is one ``ElementwiseKernel`` per operation, written as a gather over
-the output (im2col, col2im, layout changes, pooling), which needs no atomics and sums in a fixed
-order; only max-pool backward scatters with ``atomicAdd`` because its windows may overlap.
-BatchNorm's per-channel sums are ``ReductionKernel``s over axes (0, 2) of an (N, C, L) view,
-accumulated in float64 (deterministic: CuPy reduces in a fixed tree). The
-dropout mask uses the contract's exact lowbias32 hash in 32-bit arithmetic, so masks are
-bit-identical to the CPU's. Scalars are passed in the array's dtype, so float32 work stays in
-float32 (PyTorch's choice; the CPU backend computes its scalars in float64, hence tolerances).
+The same names as kernels/cpu.py (see kernels/__init__.py for the contract). GEMMs go to cuBLAS:
+one sgemm/dgemm call with beta 0 or 1 on contiguous arrays (``cupy.matmul`` otherwise).
+Everything else is one kernel per operation, written as a gather over the output (im2col,
+col2im, layout changes, pooling), which needs no atomics and sums in a fixed order; only max-pool
+backward scatters with ``atomicAdd`` because its windows may overlap. Convolution layers use this
+module's own conv2d_forward / conv2d_backward (columns in (C*K*K, N*OH*OW) layout, one GEMM per
+batch). BatchNorm's per-channel sums are RawKernels in float64 that add in a fixed order (runs
+of each (n, c) plane, then images, then runs), so they are deterministic. The dropout
+mask uses the contract's exact lowbias32 hash in 32-bit arithmetic, so masks are bit-identical
+to the CPU's. Scalars are passed in the array's dtype, so float32 work stays in float32
+(PyTorch's choice; the CPU backend computes its scalars in float64, hence tolerances).
 
 Importing this module without CuPy, or without a usable CUDA device, raises ImportError with one
 line saying what to install or which flag to use; the CLI turns it into exit code 2.
@@ -33,6 +34,11 @@ try:
     from cupy import cublas as _cublas          # gemm with beta=1 (CuPy >= 9)
 except ImportError:
     _cublas = None
+try:                                            # cuBLAS itself, without cupy.matmul's checks
+    from cupy.cuda import device as _device
+    from cupy_backends.cuda.libs import cublas as _blas
+except ImportError:
+    _blas = None
 
 name = "cuda-cupy"
 _OPS = {"sum": cp.add, "prod": cp.multiply, "min": cp.minimum, "max": cp.maximum}
@@ -124,6 +130,34 @@ def total(a):
 _scratch = {}
 
 
+# alpha = 1 and beta = 0 or 1, as host pointers (they must outlive the calls)
+_SCALARS = {np.dtype(t): (np.ones(1, t), np.zeros(1, t)) for t in (np.float32, np.float64)}
+_SCALAR_PTRS = {t: tuple(v.ctypes.data for v in pair) for t, pair in _SCALARS.items()}
+
+
+def _cublas_gemm(a, b, out, trans_a, trans_b, accumulate):
+    """out (=|+=) op(a) @ op(b) by one cuBLAS call on C-contiguous float32/float64 arrays, True;
+    False where that does not apply. (cupy.matmul spends ~30 us of host time per call, several
+    times the kernel of a small layer.) Row-major out is column-major out.T = op(b).T @ op(a).T,
+    so b goes first."""
+    dtype = out.dtype
+    if (_blas is None or dtype.char not in "fd" or a.dtype != dtype or b.dtype != dtype
+            or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)):
+        return False
+    m, n = out.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    if not (m and n and k):
+        return False
+    handle = _device.get_cublas_handle()
+    _blas.setPointerMode(handle, _blas.CUBLAS_POINTER_MODE_HOST)
+    one, zero = _SCALAR_PTRS[dtype]
+    (_blas.sgemm if dtype.char == "f" else _blas.dgemm)(
+        handle, _blas.CUBLAS_OP_T if trans_b else _blas.CUBLAS_OP_N,
+        _blas.CUBLAS_OP_T if trans_a else _blas.CUBLAS_OP_N, n, m, k, one, b.data.ptr,
+        b.shape[1], a.data.ptr, a.shape[1], one if accumulate else zero, out.data.ptr, n)
+    return True
+
+
 def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     a, b, out = _dev(a), _dev(b), _dev(out)
     op_a = a.T if trans_a else a
@@ -132,6 +166,8 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
         raise ValueError(f"gemm needs 2-D arrays, got {op_a.shape}, {op_b.shape} -> {out.shape}")
     if op_a.shape[1] != op_b.shape[0] or out.shape != (op_a.shape[0], op_b.shape[1]):
         raise ValueError(f"gemm shapes do not agree: {op_a.shape} @ {op_b.shape} -> {out.shape}")
+    if _cublas_gemm(a, b, out, trans_a, trans_b, accumulate):
+        return
     if not accumulate:
         cp.matmul(op_a, op_b, out=out)
         return
@@ -174,10 +210,25 @@ def relu_backward(y, grad_out, grad_in):
     _relu_backward(y, grad_out, grad_in)
 
 
+_ones = {}
+
+
 def bias_grad(grad_out, grad_bias):
     grad_out, grad_bias = _dev(grad_out), _dev(grad_bias)
     host_shape.bias("bias_grad", grad_out, grad_bias, ("grad_out", "grad_bias"))
-    grad_bias += grad_out.sum(axis=0)                    # (F,)
+    # grad_bias (1, F) += ones (1, B) @ grad_out (B, F): cuBLAS reads the rows coalesced, where a
+    # sum over axis 0 gives each of the F columns one block (a convolution's B is N*OH*OW)
+    gemm(_ones_row(grad_out.shape[0], grad_out.dtype), grad_out, grad_bias.reshape(1, -1),
+         accumulate=True)
+
+
+def _ones_row(size, dtype):
+    """A cached (1, size) array of ones."""
+    key = (size, np.dtype(dtype).str)
+    if key not in _ones:
+        _ones[key] = cp.empty((1, size), dtype)
+        _ones[key].fill(1)
+    return _ones[key]
 
 
 # --- Activations and softmax --------------------------------------------------------------------
@@ -279,21 +330,22 @@ extern "C" __global__ void mpitrain_label_smoothing(const T* logits, const long 
     g[label] = (T)((double)g[label] + smoothing / rows);
 }
 """
-_row_kernels = {}
+_raw_kernels = {}
 
 
-def _row_kernel(source, kernel_name, dtype):
+def _raw_kernel(source, kernel_name, dtype):
+    """The RawKernel of ``source`` with T = ``dtype`` (float32 or float64), compiled once."""
     key = (kernel_name, dtype.name)
-    if key not in _row_kernels:
+    if key not in _raw_kernels:
         ctype = {"float32": "float", "float64": "double"}[dtype.name]
-        _row_kernels[key] = cp.RawKernel(f"typedef {ctype} T;\n" + source, kernel_name)
-    return _row_kernels[key]
+        _raw_kernels[key] = cp.RawKernel(f"typedef {ctype} T;\n" + source, kernel_name)
+    return _raw_kernels[key]
 
 
 def _launch_rows(source, kernel_name, dtype, rows, args):
     if rows:
         threads = 128
-        _row_kernel(source, kernel_name, dtype)(((rows + threads - 1) // threads,), (threads,),
+        _raw_kernel(source, kernel_name, dtype)(((rows + threads - 1) // threads,), (threads,),
                                                 args)
 
 
@@ -485,6 +537,173 @@ def nchw_to_nhwc(src, dst):
     _nchw_to_nhwc(src, c, h, w, dst)
 
 
+# The convolution itself (the optional hooks Conv2D prefers to im2col + GEMM + transposes): columns
+# in (C*KH*KW, N*OH*OW) layout, one GEMM over the whole batch, and one pass that moves the
+# (OC, N, OH*OW) product to NCHW. In that layout consecutive threads touch consecutive output
+# pixels, so the column gather, its inverse and the move read and write runs of memory, where
+# the (N*OH*OW, C*KH*KW) layout of im2col above strides every access by a row.
+# grid: x over the output pixels of one image, y over channels, z over images; each thread writes
+# its pixel's K*K taps (rows c*K*K .. c*K*K + K*K - 1), so the index arithmetic (32 bits) is paid
+# once per pixel, not per element: it, not memory, bounded the one-element-per-thread version
+_IM2COL_CM_SRC = r"""
+extern "C" __global__ void mpitrain_im2col_cm(const T* x, T* cols, int n_n, int c_n, int h_n,
+                                              int w_n, int k, int stride, int pad, int oh_n,
+                                              int ow_n) {
+    int l_n = oh_n * ow_n, p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= l_n) return;
+    int oh = p / ow_n, ow = p - oh * ow_n;
+    int h0 = oh * stride - pad, w0 = ow * stride - pad;
+    long long nl = (long long)n_n * l_n;
+    for (int c = blockIdx.y; c < c_n; c += gridDim.y)
+        for (int n = blockIdx.z; n < n_n; n += gridDim.z) {
+            const T* plane = x + ((long long)n * c_n + c) * h_n * w_n;
+            T* out = cols + (long long)c * k * k * nl + (long long)n * l_n + p;
+            for (int ki = 0; ki < k; ++ki) {
+                int h = h0 + ki;
+                bool row_inside = h >= 0 && h < h_n;
+                for (int kj = 0; kj < k; ++kj, out += nl) {
+                    int w = w0 + kj;
+                    *out = (row_inside && w >= 0 && w < w_n) ? plane[h * w_n + w] : (T)0;
+                }
+            }
+        }
+}
+"""
+
+# gather: every input pixel sums the columns that read it (no atomics, fixed order); grid: x
+# over the pixels of one plane, y over channels, z over images; stride 1 divides nothing
+_COL2IM_CM_SRC = r"""
+extern "C" __global__ void mpitrain_col2im_cm(const T* cols, T* dx, int n_n, int c_n, int h_n,
+                                              int w_n, int k, int stride, int pad, int oh_n,
+                                              int ow_n) {
+    int pix = blockIdx.x * blockDim.x + threadIdx.x;
+    if (pix >= h_n * w_n) return;
+    int h = pix / w_n, w = pix - h * w_n, l_n = oh_n * ow_n;
+    long long nl = (long long)n_n * l_n;
+    for (int c = blockIdx.y; c < c_n; c += gridDim.y)
+        for (int n = blockIdx.z; n < n_n; n += gridDim.z) {
+            const T* img = cols + (long long)c * k * k * nl + (long long)n * l_n;
+            T acc = 0;
+            for (int ki = 0; ki < k; ++ki) {
+                int th = h + pad - ki, oh = stride == 1 ? th : th / stride;   // no division
+                if (th < 0 || oh >= oh_n || (stride != 1 && th % stride != 0)) continue;
+                for (int kj = 0; kj < k; ++kj) {
+                    int tw = w + pad - kj, ow = stride == 1 ? tw : tw / stride;
+                    if (tw < 0 || ow >= ow_n || (stride != 1 && tw % stride != 0)) continue;
+                    acc += img[(ki * k + kj) * nl + oh * ow_n + ow];
+                }
+            }
+            dx[(((long long)n * c_n + c) * h_n + h) * w_n + w] = acc;
+        }
+}
+"""
+_GRID_MAX = 65535                        # gridDim.y and .z; the kernels loop over the rest
+
+
+def _launch_planes(source, kernel_name, dtype, pixels, rows, images, args):
+    threads = 128
+    grid = ((pixels + threads - 1) // threads, min(rows, _GRID_MAX), min(images, _GRID_MAX))
+    _raw_kernel(source, kernel_name, dtype)(grid, (threads,), args)
+
+
+# y (N, OC, L) = rows (OC, N*L) moved to NCHW, + bias, then ReLU
+_rows_to_nchw = cp.ElementwiseKernel(
+    "raw T rows, raw T bias, bool use_bias, bool relu, int32 oc_n, int32 l_n, int64 nl", "T y",
+    """
+    long long n = i / ((long long)oc_n * l_n);
+    int rest = (int)(i - n * oc_n * l_n), o = rest / l_n, p = rest - o * l_n;
+    T v = rows[o * nl + n * l_n + p];
+    if (use_bias) v += bias[o];
+    y = (relu && v < (T)0) ? (T)0 : v;
+    """, "mpitrain_rows_to_nchw")
+
+# g (OC, N*L) = grad_y (N, OC, L) moved to rows, zero where the forward ReLU was
+_nchw_to_rows = cp.ElementwiseKernel(
+    "raw T gy, raw T y, bool relu, int32 oc_n, int32 l_n, int64 nl", "T g",
+    """
+    long long o = i / nl, q = i - o * nl, n = q / l_n;
+    long long src = (n * oc_n + o) * l_n + (q - n * l_n);
+    g = (relu && !(y[src] > (T)0)) ? (T)0 : gy[src];
+    """, "mpitrain_nchw_to_rows")
+
+
+def _conv_plan(kind, x, weight, y, stride, pad):
+    """(N, C, H, W, OC, KH, KW, OH, OW) of a convolution; ValueError naming ``kind``."""
+    if x.ndim != 4 or weight.ndim != 4 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"{kind}: x {x.shape} and weight {weight.shape} do not match "
+                         f"(need (N, C, H, W) and (OC, C, KH, KW))")
+    n, c, h, w = x.shape
+    oc, _, kh, kw = weight.shape
+    if kh != kw:
+        raise ValueError(f"{kind}: the kernel must be square, got {kh}x{kw}")
+    oh, ow = host_shape.out_size(h, kh, stride, pad), host_shape.out_size(w, kw, stride, pad)
+    if y.shape != (n, oc, oh, ow) or not (x.flags.c_contiguous and y.flags.c_contiguous
+                                          and weight.flags.c_contiguous):
+        raise ValueError(f"{kind}: y {y.shape} != {(n, oc, oh, ow)} or not C-contiguous")
+    return n, c, h, w, oc, kh, kw, oh, ow
+
+
+def _geometry(dims, stride, pad):
+    """The kernels' int32 arguments after the two arrays."""
+    n, c, h, w, _, k, _, oh, ow = dims
+    return tuple(np.int32(v) for v in (n, c, h, w, k, stride, pad, oh, ow))
+
+
+def _columns(x, dims, stride, pad):
+    n, c, _, _, _, k, _, oh, ow = dims
+    cols = cp.empty((c * k * k, n * oh * ow), x.dtype)         # (CKK, N*L)
+    if cols.size:
+        _launch_planes(_IM2COL_CM_SRC, "mpitrain_im2col_cm", x.dtype, oh * ow, c, n,
+                       (x, cols) + _geometry(dims, stride, pad))
+    return cols
+
+
+def conv2d_forward(x, weight, bias, y, stride, pad, relu):
+    x, weight, y = _dev(x), _dev(weight), _dev(y)
+    dims = _conv_plan("conv2d_forward", x, weight, y, stride, pad)
+    n, _, _, _, oc, _, _, oh, ow = dims
+    if bias is not None:
+        bias = _dev(bias)
+        norm_shape.same_shape("conv2d_forward", (oc,), bias=bias)
+    if not y.size:
+        return
+    cols = _columns(x, dims, stride, pad)
+    rows = cp.empty((oc, cols.shape[1]), x.dtype)              # (OC, N*L)
+    gemm(weight.reshape(oc, -1), cols, rows)
+    del cols
+    _rows_to_nchw(rows, weight if bias is None else bias, bias is not None, bool(relu), oc,
+                  oh * ow, n * oh * ow, y)
+
+
+def conv2d_backward(x, weight, y, grad_y, stride, pad, relu, grad_weight, accumulate_weight,
+                    grad_bias, grad_x):
+    x, weight, y, grad_y = _dev(x), _dev(weight), _dev(y), _dev(grad_y)
+    dims = _conv_plan("conv2d_backward", x, weight, y, stride, pad)
+    n, c, h, w, oc, kh, kw, oh, ow = dims
+    grad_weight = _dev(grad_weight)
+    norm_shape.same_shape("conv2d_backward", y.shape, grad_y=grad_y)
+    norm_shape.same_shape("conv2d_backward", weight.shape, grad_weight=grad_weight)
+    if grad_x is not None:
+        grad_x = _dev(grad_x)
+        norm_shape.same_shape("conv2d_backward", x.shape, grad_x=grad_x)
+    nl = n * oh * ow
+    g = cp.empty((oc, nl), x.dtype)                           # (OC, N*L)
+    if nl:
+        _nchw_to_rows(grad_y, y, bool(relu), oc, oh * ow, nl, g)
+    cols = _columns(x, dims, stride, pad)                     # (CKK, N*L)
+    gemm(g, cols, grad_weight.reshape(oc, -1), trans_b=True, accumulate=accumulate_weight)
+    if grad_bias is not None:                                 # grad_bias (OC, 1) += g @ ones
+        grad_bias = _dev(grad_bias)
+        norm_shape.same_shape("conv2d_backward", (oc,), grad_bias=grad_bias)
+        gemm(g, _ones_row(nl, g.dtype).reshape(nl, 1), grad_bias.reshape(oc, 1), accumulate=True)
+    if grad_x is None:
+        return
+    gemm(weight.reshape(oc, -1), g, cols, trans_a=True)       # d(cols), in place of cols
+    if grad_x.size:
+        _launch_planes(_COL2IM_CM_SRC, "mpitrain_col2im_cm", x.dtype, h * w, c, n,
+                       (cols, grad_x) + _geometry(dims, stride, pad))
+
+
 # --- Pooling and dropout ------------------------------------------------------------------------
 
 _maxpool_forward = cp.ElementwiseKernel(
@@ -643,6 +862,88 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
                   _s(param, weight_decay), param, buf)
 
 
+# Every parameter of an optimizer in one launch (PyTorch's multi-tensor apply): a table of the
+# tensors' addresses and sizes, and one block per chunk of a tensor. The arithmetic is
+# sgd_update's, in the same order, so the two give the same values.
+_SGD_GROUP_SRC = r"""
+extern "C" __global__ void mpitrain_sgd_group(const long long* params, const long long* grads,
+                                              const long long* bufs, const long long* sizes,
+                                              const T* decays, const int* chunk_tensor,
+                                              const long long* chunk_start, long long chunk,
+                                              T lr, T momentum, int nesterov) {
+    int t = chunk_tensor[blockIdx.x];
+    long long start = chunk_start[blockIdx.x], end = start + chunk;
+    end = end < sizes[t] ? end : sizes[t];
+    T* param = (T*)params[t];
+    const T* grad = (const T*)grads[t];
+    T* buf = (T*)bufs[t];
+    T wd = decays[t];
+    for (long long i = start + threadIdx.x; i < end; i += blockDim.x) {
+        if (momentum == (T)0) {
+            param[i] = param[i] - lr * (grad[i] + wd * param[i]);
+        } else {
+            T g = grad[i] + wd * param[i];
+            T b = momentum * buf[i] + g;
+            buf[i] = b;
+            param[i] = param[i] - lr * (nesterov ? g + momentum * b : b);
+        }
+    }
+}
+"""
+_GROUP_CHUNK = 8192
+_group_tables = {}
+
+
+def _address(a):
+    """The device address of ``a`` (a NumPy array's own address for the CPU stand-in of CuPy
+    that the tests use)."""
+    data = a.data
+    return data.ptr if hasattr(data, "ptr") else a.ctypes.data
+
+
+def _group_table(arrays, decays, dtype):
+    """Device tables of a multi-tensor launch over ``arrays`` (lists of equal-length lists of
+    C-contiguous arrays of ``dtype``, the same size at each position), cached by addresses; None
+    where the arrays do not qualify."""
+    key = (dtype.str, tuple(decays), tuple(a.size for a in arrays[0])) + tuple(
+        _address(a) for group in arrays for a in group)
+    table = _group_tables.get(key)
+    if table is None:
+        if len(_group_tables) >= 64:     # optimizers come and go (tests, restarts): keep a few
+            _group_tables.clear()
+        sizes = [a.size for a in arrays[0]]
+        for group in arrays:
+            for a, size in zip(group, sizes):
+                if (not isinstance(a, cp.ndarray) or a.dtype != dtype or a.size != size
+                        or not a.flags.c_contiguous):
+                    return None
+        starts = [(t, s) for t, size in enumerate(sizes) for s in range(0, size, _GROUP_CHUNK)]
+        table = tuple(cp.asarray(np.asarray(v, dt)) for v, dt in (
+            ([[_address(a) for a in group] for group in arrays], np.int64),
+            (sizes, np.int64), (decays, dtype), ([t for t, _ in starts] or [0], np.int32),
+            ([s for _, s in starts] or [0], np.int64))) + (len(starts),)
+        _group_tables[key] = table
+    return table
+
+
+def sgd_update_group(params, grads, bufs, lr, momentum, nesterov, weight_decays):
+    """sgd_update of every (param, grad, buf, weight decay) in one launch; ``bufs`` may be the
+    params themselves when momentum is 0 (not read then)."""
+    dtype = params[0].dtype if params else None
+    table = (_group_table([params, grads, bufs], [float(d) for d in weight_decays], dtype)
+             if dtype in _SCALARS else None)
+    if table is None:                    # mixed dtypes, views, host arrays: one launch each
+        for p, g, b, wd in zip(params, grads, bufs, weight_decays):
+            sgd_update(p, g, b, lr, momentum, nesterov, wd)
+        return
+    addresses, sizes, decays, chunk_tensor, chunk_start, chunks = table
+    if chunks:
+        _raw_kernel(_SGD_GROUP_SRC, "mpitrain_sgd_group", dtype)(
+            (chunks,), (256,), (addresses[0], addresses[1], addresses[2], sizes, decays,
+                                chunk_tensor, chunk_start, np.int64(_GROUP_CHUNK),
+                                dtype.type(lr), dtype.type(momentum), np.int32(bool(nesterov))))
+
+
 def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     if step < 1:
         raise ValueError(f"adam_update: step is 1-based, got {step!r}")
@@ -701,20 +1002,67 @@ def reduce_into(dst, src, op):
 
 # --- Normalisation, pooling and shortcuts -------------------------------------------------------
 
-# Per-channel sums over x viewed as (N, C, L), reduced over axes (0, 2) in float64. CuPy's
-# ReductionKernel gives each channel a group of threads that stride through its values
-# (consecutive threads, consecutive addresses) and adds them in shared memory in a fixed order, so
-# the sums are deterministic; x is read once per sum (two sums: two passes over x).
-_channel_sum = cp.ReductionKernel(
-    "T x", "float64 s", "(double)x", "a + b", "s = a", "0", "mpitrain_channel_sum")
-_channel_sumsq = cp.ReductionKernel(
-    "T x", "float64 s", "(double)x * (double)x", "a + b", "s = a", "0", "mpitrain_channel_sumsq")
-# sum of grad_y * xhat; mean and invstd arrive as (1, C, 1) and broadcast over (N, C, L)
-_channel_sum_gxhat = cp.ReductionKernel(
-    "T g, T x, T mean, T invstd", "float64 s",
-    "(double)g * (((double)x - (double)mean) * (double)invstd)", "a + b", "s = a", "0",
-    "mpitrain_channel_sum_gxhat")
-_CHANNEL_AXES = (0, 2)
+# Per-channel sums over x viewed as (N, C, L), two at once, in float64, in three launches with
+# a fixed order of additions (deterministic): every thread sums one run of _RUN values of an
+# (n, c) plane (consecutive threads, consecutive runs: a warp reads 2 KiB in a row), then each
+# (c, run) sums its N values, then each channel its runs. A CuPy ReductionKernel over axes (0, 2)
+# gives a channel one block (1-3 % of the copy's bandwidth on 16 channels), and a ReductionKernel
+# call costs tens of microseconds of host time, several times a RawKernel launch.
+_RUN = 16
+_CHANNEL_SUMS_SRC = f"#define RUN {_RUN}\n" + r"""
+extern "C" __global__ void mpitrain_channel_runs(const T* x, const T* g, const T* mean,
+                                                 const T* invstd, double* part, int n_n,
+                                                 int c_n, int l_n, int runs, int with_grad) {
+    // part (2, N, C, runs): sums of x and x*x, or (with_grad) of g and g*(x - mean)*invstd
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= runs) return;
+    int lo = j * RUN, hi = lo + RUN < l_n ? lo + RUN : l_n;
+    long long half = (long long)n_n * c_n * runs;
+    for (int c = blockIdx.y; c < c_n; c += gridDim.y) {
+        double m = with_grad ? (double)mean[c] : 0.0, is = with_grad ? (double)invstd[c] : 0.0;
+        for (int n = blockIdx.z; n < n_n; n += gridDim.z) {
+            long long base = ((long long)n * c_n + c) * l_n;
+            double s0 = 0.0, s1 = 0.0;
+            for (int i = lo; i < hi; ++i) {
+                double v = (double)x[base + i];
+                if (with_grad) {
+                    double gv = (double)g[base + i];
+                    s0 += gv;
+                    s1 += gv * ((v - m) * is);
+                } else {
+                    s0 += v;
+                    s1 += v * v;
+                }
+            }
+            long long o = ((long long)n * c_n + c) * runs + j;
+            part[o] = s0;
+            part[half + o] = s1;
+        }
+    }
+}
+
+extern "C" __global__ void mpitrain_sum_images(const double* part, double* runs_sum, int n_n,
+                                               int cr) {
+    // runs_sum (2, C*runs) = part (2, N, C*runs) summed over N, in order
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= 2 * cr) return;
+    int s = t / cr, r = t - s * cr;
+    const double* p = part + (long long)s * n_n * cr + r;
+    double acc = 0.0;
+    for (int n = 0; n < n_n; ++n) acc += p[(long long)n * cr];
+    runs_sum[t] = acc;
+}
+
+extern "C" __global__ void mpitrain_sum_runs(const double* runs_sum, double* stats, int c_n,
+                                             int runs) {
+    // stats (2, C) = runs_sum (2, C, runs) summed over the runs, in order
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= 2 * c_n) return;
+    double acc = 0.0;
+    for (int j = 0; j < runs; ++j) acc += runs_sum[(long long)t * runs + j];
+    stats[t] = acc;
+}
+"""
 
 
 def _ncl(kind, x):
@@ -726,12 +1074,39 @@ def _ncl(kind, x):
     return x.reshape(n, c, l), (n, c, l)
 
 
+def _channel_sums(stats, x3, grad=None, mean=None, invstd=None):
+    """stats (2, C) float64 = per-channel sums of x3 (N, C, L) and x3**2, or with ``grad`` of
+    grad and grad * (x3 - mean) * invstd."""
+    n, c, l = x3.shape
+    runs = (l + _RUN - 1) // _RUN
+    dtype = x3.dtype
+    if not stats.flags.c_contiguous or any(a is not None and a.dtype != dtype
+                                           for a in (grad, mean, invstd)):
+        raise ValueError(f"BatchNorm sums: stats must be C-contiguous and grad, mean and invstd "
+                         f"{dtype} like x")
+    kernel = lambda name: _raw_kernel(_CHANNEL_SUMS_SRC, name, dtype)  # noqa: E731
+    if not n * c * l:
+        stats.fill(0)
+        return
+    part = cp.empty((2, n, c, runs), np.float64)
+    threads = 128
+    kernel("mpitrain_channel_runs")(
+        ((runs + threads - 1) // threads, min(c, _GRID_MAX), min(n, _GRID_MAX)), (threads,),
+        (x3, x3 if grad is None else grad, x3 if mean is None else mean,
+         x3 if invstd is None else invstd, part, np.int32(n), np.int32(c), np.int32(l),
+         np.int32(runs), np.int32(grad is not None)))
+    runs_sum = cp.empty((2, c * runs), np.float64)
+    kernel("mpitrain_sum_images")(((2 * c * runs + threads - 1) // threads,), (threads,),
+                                  (part, runs_sum, np.int32(n), np.int32(c * runs)))
+    kernel("mpitrain_sum_runs")(((2 * c + threads - 1) // threads,), (threads,),
+                                (runs_sum, stats, np.int32(c), np.int32(runs)))
+
+
 def bn_stats(x, stats):
     x3, (_, c, _) = _ncl("bn_stats", x)                          # (N, C, L)
     stats = _dev(stats)
     norm_shape.stats("bn_stats", stats, c)
-    _channel_sum(x3, stats[0], axis=_CHANNEL_AXES)
-    _channel_sumsq(x3, stats[1], axis=_CHANNEL_AXES)
+    _channel_sums(stats, x3)
 
 
 _bn_moments = cp.ElementwiseKernel(
@@ -799,9 +1174,7 @@ def bn_backward_stats(grad_y, x, mean, invstd, stats):
     mean, invstd, stats = _dev(mean), _dev(invstd), _dev(stats)
     norm_shape.same_shape("bn_backward_stats", (c,), mean=mean, invstd=invstd)
     norm_shape.stats("bn_backward_stats", stats, c)
-    _channel_sum(g3, stats[0], axis=_CHANNEL_AXES)
-    _channel_sum_gxhat(g3, x3, mean.reshape(1, c, 1), invstd.reshape(1, c, 1), stats[1],
-                       axis=_CHANNEL_AXES)
+    _channel_sums(stats, x3, g3, mean, invstd)
 
 
 _bn_param_grads = cp.ElementwiseKernel(

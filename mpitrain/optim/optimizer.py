@@ -108,10 +108,17 @@ class Optimizer:
             setattr(self, h, type(getattr(self, h))(value))
 
     def step(self):
-        """Update every parameter from its ``.grad`` (one kernel each); ``steps`` counts them."""
+        """Update every parameter from its ``.grad`` (one kernel each, or one for all where the
+        backend has a group kernel); ``steps`` counts them."""
         self.steps += 1
-        for i, p in enumerate(self.params):
-            self._update(i, p)
+        if not self._update_all():
+            for i, p in enumerate(self.params):
+                self._update(i, p)
+
+    def _update_all(self):
+        """Update every parameter in one backend call and return True, or return False where the
+        backend has no such call (then ``_update`` runs per parameter)."""
+        return False
 
     def decay_of(self, i, weight_decay):
         """Parameter i's weight decay: ``weight_decay``, or 0 where the mask excludes it."""

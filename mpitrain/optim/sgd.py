@@ -44,6 +44,16 @@ class SGD(Optimizer):
     def _active_buffers(self):
         return ("momentum_buffer",) if self.momentum != 0 else ()
 
+    def _update_all(self):
+        group = getattr(self.kernels, "sgd_update_group", None)
+        if group is None:
+            return False
+        params = [p.data for p in self.params]
+        bufs = self.state["momentum_buffer"] if self.momentum != 0 else params
+        group(params, [p.grad for p in self.params], bufs, self.lr, self.momentum, self.nesterov,
+              [self.decay_of(i, self.weight_decay) for i in range(len(self.params))])
+        return True
+
     def _update(self, i, p):
         buf = self.state["momentum_buffer"][i] if self.momentum != 0 else p.data
         self.kernels.sgd_update(p.data, p.grad, buf, self.lr, self.momentum, self.nesterov,

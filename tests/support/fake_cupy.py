@@ -10,7 +10,8 @@ them over NumPy arrays with CuPy's calling rules as we rely on them:
   declared type; ``T`` is the dtype of the first array bound to a ``T`` parameter; ``preamble``
   is prepended.
 - RawKernel: ``kernel(grid, block, args)`` runs every (block, thread) in turn, with blockIdx /
-  blockDim / threadIdx set; arrays are passed as pointers, NumPy scalars by value.
+  blockDim / threadIdx / gridDim set (up to three dimensions each); arrays are passed as
+  pointers, NumPy scalars by value.
 - ReductionKernel (one output, no raw parameters): every output element folds its reduced
   elements in index order (see the class).
 - ``atomicAdd`` is a plain add (threads run one at a time).
@@ -221,8 +222,9 @@ class RawKernel:
         self.lib = _compile(_PRELUDE + r"""
 struct mpitrain_dim3 { unsigned int x, y, z; };
 static mpitrain_dim3 blockIdx, blockDim, threadIdx, gridDim;
-extern "C" void mpitrain_set(unsigned int b, unsigned int bd, unsigned int t, unsigned int gd) {
-    blockIdx.x = b; blockDim.x = bd; threadIdx.x = t; gridDim.x = gd;
+extern "C" void mpitrain_set(unsigned int* v) {
+    blockIdx = {v[0], v[1], v[2]}; threadIdx = {v[3], v[4], v[5]};
+    gridDim = {v[6], v[7], v[8]}; blockDim = {v[9], v[10], v[11]};
 }
 """ + code)
 
@@ -234,9 +236,13 @@ extern "C" void mpitrain_set(unsigned int b, unsigned int bd, unsigned int t, un
             else:
                 cargs.append(np.ctypeslib.as_ctypes_type(np.asarray(a).dtype)(a))
         fn = getattr(self.lib, self.name)
-        for b in range(grid[0]):
-            for t in range(block[0]):
-                self.lib.mpitrain_set(b, block[0], t, grid[0])
+        grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        dims = (ctypes.c_uint * 12)()
+        dims[6:12] = grid + block
+        for b in np.ndindex(*grid[::-1]):             # (z, y, x): blocks in CUDA's order
+            for t in np.ndindex(*block[::-1]):
+                dims[0:6] = b[::-1] + t[::-1]
+                self.lib.mpitrain_set(dims)
                 fn(*cargs)
 
 
