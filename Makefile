@@ -69,7 +69,8 @@ test-e2e: venv
 test-cuda-sim: venv
 	$(TEST_ENV) NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
 
-# Needs a GPU and CuPy (pip install -e '.[cuda]'); every test skips cleanly without one.
+# Needs a GPU and CuPy (pip install -e '.[cuda12]' or '.[cuda13]'); every test skips cleanly
+# without one.
 test-gpu: venv
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) -m gpu tests/gpu
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu

@@ -20,6 +20,10 @@ setup(
         # "plot" is the older name of the same extra.
         "bench": ["matplotlib"],
         "plot": ["matplotlib"],
+        # CuPy for the --device cuda kernels, built for the CUDA major version of the driver.
+        # "cuda" is the older name of "cuda12".
+        "cuda12": ["cupy-cuda12x"],
+        "cuda13": ["cupy-cuda13x"],
         "cuda": ["cupy-cuda12x"],
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis"],
     },

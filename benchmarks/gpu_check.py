@@ -22,8 +22,15 @@ The steps, in order (each run is a subprocess with its own timeout):
 
 --quick (about 3 minutes, budget 180 s instead of 540 s): lenet only in train, tests-1 without
 the CLI test (train does that comparison), batch 64 only, fewer rounds, smaller memcpy and
-allreduce sizes, the host transport only. Later runs that the budget leaves no time for are
-skipped; --only/--skip pick steps, so a second call can do the rest.
+allreduce sizes, the host transport only. A run starts only if its usual time (else its timeout)
+fits in what is left of the budget; the rest, and a run the budget cuts off, are skipped
+("time budget spent"); --only/--skip pick steps, so a second call can do the rest. A run killed
+by its own timeout failed. Every run shares one Numba cache (NUMBA_CACHE_DIR, in the temp dir
+unless set), so the kernels and train steps compile what the timed steps then load.
+
+Before planning, a probe compiles and runs one 4-element kernel per flavour (CuPy: NVRTC;
+Numba: NVVM): a flavour that cannot is one "flavour unusable: reason" line, and its runs and
+tests are skipped.
 
 A run whose prerequisite is missing (no mpiexec, no CuPy, no torch, one GPU for NCCL, time
 budget spent) is recorded as "skipped" with the reason, never a crash. OUT/report.json is
@@ -57,7 +64,7 @@ from typing import Callable, Optional
 REPO = Path(__file__).resolve().parent.parent
 STEPS = ("nvidia-smi", "kernels", "train", "tests-1", "tests-2", "memcpy", "step", "allreduce",
          "timeline")
-MODELS = ("mlp", "lenet", "cifar_cnn")
+MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20")
 FLAVOURS = ("cupy", "numba")
 TOL = dict(rtol=1e-3, atol=1e-5)      # float32 rounding over 3 steps, as tests/gpu
 KERNEL_TESTS = "tests/gpu/test_gpu_kernels.py"
@@ -71,11 +78,13 @@ class CheckFailed(Exception):
 class Run:
     name: str
     argv: list
-    timeout: float
+    timeout: float                       # killed after this: failed
     env: dict = field(default_factory=dict)
     check: Optional[Callable] = None     # check() -> results dict; raises CheckFailed/SkipRun
     skip: Optional[str] = None
     capture: Optional[str] = None        # stdout to this file (then copied to the log)
+    expect: Optional[float] = None       # its usual seconds, if well below timeout: it starts
+                                         # only when this (else timeout) fits the budget left
 
 
 @dataclass
@@ -180,14 +189,41 @@ for name in ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "to
         facts["versions"][name] = version(name)
     except Exception:
         pass
+def double_numba(x, y):           # a global `cuda`: the simulator swaps it for its own
+    i = cuda.grid(1)
+    if i < x.size:
+        y[i] = x[i] + x[i]
+def double(flavour):
+    # compile (CuPy: NVRTC; Numba: NVVM) and run one kernel on 4 elements: y = 2 x
+    import numpy as np
+    x = np.arange(4, dtype=np.float32)
+    if flavour == "cupy":
+        k = cupy.ElementwiseKernel("float32 x", "float32 y", "y = x + x", "gpu_check_double")
+        y = cupy.empty(4, dtype="float32")
+        k(cupy.asarray(x), y)
+        return cupy.asnumpy(y).tolist()
+    dx = cuda.to_device(x)
+    dy = cuda.device_array_like(dx)
+    cuda.jit(double_numba)[1, 4](dx, dy)
+    return dy.copy_to_host().tolist()
 for flavour in ("cupy", "numba"):
     try:
-        __import__("cupy" if flavour == "cupy" else "numba.cuda")
-        device.select_device(0)
+        if flavour == "cupy":
+            import cupy
+        else:
+            from numba import cuda
+        device.select_device(0, flavour=flavour)
         kernels.get("cuda", flavour)
-        facts["flavours"][flavour] = None
     except Exception as exc:
         facts["flavours"][flavour] = why(exc)
+        continue
+    try:
+        got = double(flavour)
+        if got != [0.0, 2.0, 4.0, 6.0]:
+            raise RuntimeError(f"gave {got} for [0, 2, 4, 6]")
+        facts["flavours"][flavour] = None
+    except Exception as exc:
+        facts["flavours"][flavour] = f"a 4-element test kernel failed: {why(exc)}"
 try:
     import torch
     facts["torch"] = None if torch.cuda.is_available() else "torch.cuda.is_available() is False"
@@ -229,6 +265,8 @@ class Plan:
         self.not_usable = {f: w for f, w in why.items() if w is not None}
         self.no_flavour = None if self.flavours else "no usable CUDA kernel flavour (" + \
             "; ".join(f"{f}: {w}" for f, w in self.not_usable.items()) + ")"
+        # pytest -k for tests/gpu (flavour in the test ids): the usable flavours, if not all
+        self.usable_k = " or ".join(self.flavours) if len(self.flavours) < len(FLAVOURS) else None
         self.torch = facts.get("torch", "not probed")                     # None: usable
         self.pytest = [self.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
                        f"{self.repo}/pytest.ini", "--rootdir", self.repo, "-m", "gpu", "-rfEs"]
@@ -256,33 +294,37 @@ def plan_nvidia_smi(p):
 
 
 def plan_kernels(p):
-    # a flavour that does not load here is skipped by the tests' fixture, with the reason
-    only = ["-k", " or ".join(p.opts.flavours)] if len(p.opts.flavours) < len(FLAVOURS) else []
+    # a flavour that loads but cannot compile a kernel would fail every test: left out
+    only = ["-k", p.usable_k] if p.usable_k else []
     xml = p.w("kernels.xml")
     yield Run("pytest", p.pytest + [f"{p.repo}/{KERNEL_TESTS}"] + only + [f"--junitxml={xml}"],
               150 if p.quick else 240, check=lambda: junit(xml, by_flavour=True))
+    for f, why in p.not_usable.items():
+        yield Run(f, [], 0, skip=f"{f} flavour unusable: {why}")
 
 
 def plan_train(p):
     for model in p.opts.models or (("lenet",) if p.quick else MODELS):
         args = [p.py] + p.train_args(model) + p.opts.train_args
         ref = p.w(f"train-{model}-cpu.npz")
-        yield Run(f"{model} cpu", args + ["--device", "cpu", "--save", ref], 180)
+        yield Run(f"{model} cpu", args + ["--device", "cpu", "--save", ref], 180, expect=30)
         for f in p.opts.flavours:
             got = p.w(f"train-{model}-{f}.npz")
             yield Run(f"{model} cuda-{f}", args + [
-                "--device", "cuda", "--kernels", f, "--save", got], 180,
+                "--device", "cuda", "--kernels", f, "--save", got], 180, expect=30,
                 check=lambda got=got, ref=ref: compare_npz(got, ref),
                 skip=p.not_usable.get(f))
 
 
 def plan_tests_1(p):
     # the CLI test's 2-rank case needs mpiexec; --quick leaves the CLI comparison to `train`
-    select = (["-k", "not test_cli_matches_cpu"] if p.quick else
-              [] if p.mpiexec else ["-k", "not (test_cli_matches_cpu and 2])"])
+    terms = ([f"({p.usable_k})"] if p.usable_k else []) + (
+        ["not test_cli_matches_cpu"] if p.quick else
+        [] if p.mpiexec else ["not (test_cli_matches_cpu and 2])"])
+    select = ["-k", " and ".join(terms)] if terms else []
     xml = p.w("tests-1.xml")
     yield Run("pytest", p.pytest + p.gpu_tests + select + [f"--junitxml={xml}"],
-              150 if p.quick else 300, check=lambda: junit(xml))
+              150 if p.quick else 300, expect=60 if p.quick else 120, check=lambda: junit(xml))
 
 
 def plan_tests_2(p):
@@ -290,16 +332,18 @@ def plan_tests_2(p):
     per_rank = ("import os, sys, pytest; r = os.environ.get('PMI_RANK') or "   # a file per rank
                 "os.environ.get('OMPI_COMM_WORLD_RANK', '0'); sys.exit(pytest.main(sys.argv[1:] "
                 f"+ ['--junitxml={prefix}-' + r + '.xml']))")
-    argv = [p.mpiexec, "-n", "2", p.py, "-c", per_rank] + p.pytest[3:] + p.gpu_tests
+    argv = [p.mpiexec, "-n", "2", p.py, "-c", per_rank] + p.pytest[3:] + p.gpu_tests + (
+        ["-k", p.usable_k] if p.usable_k else [])
     yield Run("mpiexec -n 2 pytest", argv, 150 if p.quick else 300,
-              check=lambda: junit_ranks(prefix))
+              expect=60 if p.quick else 120, check=lambda: junit_ranks(prefix))
 
 
 def plan_memcpy(p):
     path = p.w("gpu_kernels.json")
     sizes = ["--elements", str(1 << 24), "--gemm", "2048", "--rounds", "3"] if p.quick else []
     yield Run("gpu_kernels.py", p.script("gpu_kernels.py") + [
-        "--kernels", *p.flavours, "--json", path] + sizes, 180, check=lambda: read_json(path))
+        "--kernels", *p.flavours, "--json", path] + sizes, 180, expect=30,
+        check=lambda: read_json(path))
 
 
 def plan_step(p):
@@ -311,7 +355,7 @@ def plan_step(p):
                 "--device", "cuda", "--kernels", f, "--model", *(p.opts.models or MODELS),
                 "--batch", str(batch), "--json", path] + torch +
                 (["--rounds", "2", "--steps", "5", "--warmup", "2"] if p.quick else []), 240,
-                check=lambda path=path: step_summary(path))
+                expect=60 if p.quick else 120, check=lambda path=path: step_summary(path))
     if p.flavours and p.torch is not None:
         yield Run("torch", [], 0, skip=f"no PyTorch CUDA: {p.torch}")
 
@@ -327,7 +371,7 @@ def plan_allreduce(p):
     for transport, ranks, where, skip in shared + [("nccl", gpus, "one per GPU", nccl)]:
         path = p.w(f"allreduce-{transport}.json")
         yield Run(f"{transport} {ranks} ranks, {where}", [p.mpiexec, "-n", str(ranks)] + bench + [
-            "--json", path], 240, env={"MPITRAIN_DEVICE_COMM": transport},
+            "--json", path], 240, expect=30, env={"MPITRAIN_DEVICE_COMM": transport},
             check=lambda path=path: read_json(path), skip=skip)
 
 
@@ -337,7 +381,7 @@ def plan_timeline(p):
     train = [p.mpiexec, "-n", "2", p.py] + p.train_args(
         "lenet", steps="10" if p.quick else "30", samples="1024", batch="32") + [
         "--device", "cuda", "--kernels", flavour, "--timeline", trace]
-    yield Run("2-rank training", train, 240)
+    yield Run("2-rank training", train, 240, expect=45)
     yield Run("summary", [p.py, "-m", "mpitrain.timeline", trace], 60)
 
 
@@ -534,7 +578,11 @@ def tail(path, offset, limit=3000):
 
 def run_steps(steps, report, env, cwd, deadline):
     """Execute the plan; each run's record (status, seconds, rc, results or reason) goes into
-    the report, which is written before and after every run."""
+    the report, which is written before and after every run.
+
+    A run starts only if what it needs (Run.expect, else its timeout) fits in the time left
+    before `deadline`; else it is skipped. One that the deadline cuts off is skipped too; one
+    killed by its own timeout failed."""
     records = [dict(name=s.name, status="pending", runs=[dict(name=r.name, cmd=command(r),
                                                               status="pending") for r in s.runs])
                for s in steps]
@@ -552,8 +600,10 @@ def run_steps(steps, report, env, cwd, deadline):
         started = time.monotonic()
         for run, rr in zip(step.runs, rec["runs"]):
             left = deadline - time.monotonic()
-            if run.skip or left < 10:
-                rr.update(status="skipped", reason=run.skip or "time budget spent (--budget)")
+            need = run.expect or run.timeout
+            if run.skip or need > left:
+                rr.update(status="skipped", reason=run.skip or (
+                    f"time budget spent: needs {need:.0f} s, {max(left, 0):.0f} s left"))
                 report.write()
                 continue
             rr.update(status="running", started=now())
@@ -563,7 +613,10 @@ def run_steps(steps, report, env, cwd, deadline):
             rc, secs = execute(run, env, report.log, cwd, min(run.timeout, left))
             report.log.flush()
             rr.update(rc=rc, seconds=round(secs, 1))
-            if rc is None:
+            if rc is None and left < run.timeout:
+                rr.update(status="skipped", reason=f"time budget spent: cut off after {secs:.0f} "
+                          f"s (its timeout: {run.timeout:.0f} s)")
+            elif rc is None:
                 rr.update(status="failed", reason=f"timeout after {secs:.0f} s")
             elif rc != 0:
                 rr.update(status="failed", reason=f"exit code {rc}")
@@ -641,6 +694,9 @@ def main(argv=None):
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     # mpitrain from this tree, uninstalled (mpitrain/__init__.py maps kernels/ to mpitrain.kernels)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    # one writable Numba cache for every run: kernels compiled by an earlier step (kernels,
+    # train) are loaded, not compiled again, by the timed ones (step, ...)
+    env.setdefault("NUMBA_CACHE_DIR", os.path.join(work, "numba-cache"))
     python = sys.executable
     # also for 1-rank steps: importing mpitrain loads libmpi, which the carried wheel may bring
     mpiexec, source, tried = find_mpiexec(env, work, python, explicit=args.mpiexec,
@@ -651,14 +707,19 @@ def main(argv=None):
                  mpiexec=mpiexec, mpiexec_source=source, mpiexec_tried=tried)
     steps = plan(facts, args, work, out)
     report = Report(out, dict(command=[python] + sys.argv, quick=args.quick,
-                              budget_s=args.budget, facts=facts, work_dir=work))
+                              budget_s=args.budget, facts=facts, work_dir=work,
+                              numba_cache_dir=env["NUMBA_CACHE_DIR"]))
     print(f"gpu-check: {len(gpus)} GPU ({gpus[0]}); mpiexec: {mpiexec or 'none'}"
           f"{f' ({source})' if source else ''}; report: {report.path}", flush=True)
+    for f in args.flavours:
+        if facts["flavours"].get(f):
+            print(f"gpu-check: {f} flavour unusable: {facts['flavours'][f]}", flush=True)
     report.note("gpu-check facts: " + json.dumps(facts, indent=1))
     if args.dry_run:
         report.doc["steps"] = [dict(name=s.name, status="skipped" if s.skip else "planned",
                                     reason=s.skip, runs=[dict(name=r.name, cmd=command(r),
-                                                              timeout_s=r.timeout, skip=r.skip)
+                                                              timeout_s=r.timeout,
+                                                              expect_s=r.expect, skip=r.skip)
                                                          for r in s.runs])
                                for s in steps]
         report.write()

@@ -73,12 +73,13 @@ def gemm_plan(k, step):
     """The GEMMs one training step issues, recorded while ``step()`` runs once:
     [(a_shape, b_shape, trans_a, trans_b, out_shape, times)].
 
-    Through the backend's ``gemm``, and for the CPU's own convolution (kernels/cpu_conv.py, whose
-    per-image GEMMs run inside it) the shapes it reports for each call.
+    Through the backend's ``gemm`` (the CuPy flavour's own convolution calls it too), and for the
+    CPU's own convolution (kernels/cpu_conv.py, whose per-image GEMMs run inside it) the shapes
+    it reports for each call.
     """
     from mpitrain.kernels import cpu_conv
     plan, saved = [], {name: getattr(k, name) for name in ("gemm", "conv2d_backward")
-                       if hasattr(k, name)}
+                       if hasattr(k, name) and (name == "gemm" or k.name == "cpu")}
 
     def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
         plan.append((tuple(a.shape), tuple(b.shape), trans_a, trans_b, tuple(out.shape), 1))
@@ -189,6 +190,9 @@ def torch_step(name, batch, threads, device="cpu"):
     import torch
     from torch import nn
     torch.set_num_threads(threads)
+    # our kernels compute in float32; PyTorch's CUDA default may use TF32 for convolutions
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if name == "mlp":
         net, shape = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),

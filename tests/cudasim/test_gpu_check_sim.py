@@ -51,6 +51,67 @@ def test_train_step_on_the_simulator(tmp_path, dev):
     assert "backend cuda-numba" in (out / "gpu-check.log").read_text()
 
 
+# a CuPy without NVRTC: imports and sees a device, compiles nothing (tests/support/fake_cupy.py)
+NO_NVRTC_CUPY = """
+import sys, types
+from tests.support import fake_cupy
+cp = fake_cupy.module()
+cp.cuda.Device = lambda i: types.SimpleNamespace(use=lambda: None)
+class ElementwiseKernel(fake_cupy.ElementwiseKernel):
+    def __call__(self, *args):
+        raise RuntimeError("CuPy failed to load libnvrtc.so.12")
+cp.ElementwiseKernel = ElementwiseKernel
+sys.modules["cupy"] = cp
+"""
+# a Numba that cannot compile a kernel for the device: every launch fails
+NO_NVVM_NUMBA = """
+from numba.cuda.simulator import kernel
+def launch(self, *args):
+    raise RuntimeError("libNVVM cannot be found")
+kernel.FakeCUDAKernel.__call__ = launch
+"""
+
+
+def dry_run(tmp_path, stubs):
+    """gpu_check --dry-run on the simulator with the stub modules {name: source} importable."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    for name, text in stubs.items():
+        (stub / f"{name}.py").write_text(text)
+    out = tmp_path / "out"
+    args = ["--dry-run", "--out", str(out)]
+    if os.path.exists(MPIEXEC):
+        args += ["--mpiexec", MPIEXEC]
+    env = dict(sim_env(tmp_path), PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")] + args,
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    return res.stdout, {s["name"]: s for s in doc["steps"]}
+
+
+def test_a_cupy_without_nvrtc_is_one_line_and_its_runs_are_left_out(tmp_path, dev):
+    stdout, steps = dry_run(tmp_path, {"cupy": NO_NVRTC_CUPY})
+    why = "a 4-element test kernel failed: RuntimeError: CuPy failed to load libnvrtc.so.12"
+    assert [line for line in stdout.splitlines() if "unusable" in line] == [
+        f"gpu-check: cupy flavour unusable: {why}"]
+    kernels = {r["name"]: r for r in steps["kernels"]["runs"]}
+    assert kernels["pytest"]["skip"] is None and " -k numba " in kernels["pytest"]["cmd"]
+    assert kernels["cupy"]["skip"] == f"cupy flavour unusable: {why}"
+    train = {r["name"]: r for r in steps["train"]["runs"]}
+    assert train["lenet cuda-cupy"]["skip"] == why
+    assert train["lenet cuda-numba"]["skip"] is None         # its probe kernel ran
+    assert [r["name"] for r in steps["step"]["runs"]][:2] == ["numba batch 64", "numba batch 256"]
+
+
+def test_a_numba_that_cannot_compile_is_one_line(tmp_path, dev):
+    stdout, steps = dry_run(tmp_path, {"sitecustomize": NO_NVVM_NUMBA})
+    why = "a 4-element test kernel failed: RuntimeError: libNVVM cannot be found"
+    assert f"gpu-check: numba flavour unusable: {why}" in stdout.splitlines()
+    train = {r["name"]: r for r in steps["train"]["runs"]}
+    assert train["lenet cuda-numba"]["skip"] == why
+
+
 def run_allreduce(tmp_path, name, **env):
     path = tmp_path / f"{name}.json"
     cmd = [MPIEXEC, "-n", "2", sys.executable, str(ROOT / "benchmarks" / "allreduce_device.py"),

@@ -160,6 +160,27 @@ def test_no_flavour_and_no_torch():
     assert not any("--torch" in r.argv for r in step.values())
 
 
+def test_a_flavour_that_cannot_compile_leaves_its_tests_out_with_the_reason():
+    nvrtc = "a 4-element test kernel failed: RuntimeError: CuPy failed to load libnvrtc.so.12"
+    steps = steps_of(facts(flavours={"cupy": nvrtc, "numba": None}))
+    kernels = runs_of(steps["kernels"])
+    argv = kernels["pytest"].argv
+    assert argv[argv.index("-k") + 1] == "numba"
+    assert kernels["cupy"].skip == f"cupy flavour unusable: {nvrtc}"
+    tests1 = steps["tests-1"].runs[0].argv
+    assert tests1[tests1.index("-k") + 1] == "(numba)"
+    tests2 = steps["tests-2"].runs[0].argv
+    assert tests2[tests2.index("-k") + 1] == "numba"
+    assert runs_of(steps["train"])["lenet cuda-cupy"].skip == nvrtc
+    quick = steps_of(facts(mpiexec=None, flavours={"cupy": nvrtc, "numba": None}), "--quick")
+    tests1 = quick["tests-1"].runs[0].argv
+    assert tests1[tests1.index("-k") + 1] == "(numba) and not test_cli_matches_cpu"
+    everything = steps_of(facts())                          # both usable: no -k, no record
+    assert "-k" not in everything["kernels"].runs[0].argv
+    assert "-k" not in everything["tests-2"].runs[0].argv
+    assert len(everything["kernels"].runs) == 1
+
+
 def test_blocker_only_and_quick():
     steps = steps_of(facts(blocker="RuntimeError: cannot load MPI library"))
     assert steps["nvidia-smi"].skip is None
@@ -172,6 +193,48 @@ def test_blocker_only_and_quick():
     assert set(runs_of(quick["allreduce"])) == {"host 2 ranks, shared GPU",
                                                 "nccl 1 ranks, one per GPU"}
     assert opts("--quick").budget == 180 and opts().budget == 540
+
+
+# --- the probe ---------------------------------------------------------------------------------
+
+# CuPy as tests/support/fake_cupy.py emulates it (kernels compiled for the host), one device
+STUB_CUPY = """
+import sys, types
+from tests.support import fake_cupy
+cp = fake_cupy.module()
+cp.cuda.Device = lambda i: types.SimpleNamespace(use=lambda: None)
+if {broken!r}:
+    class ElementwiseKernel(fake_cupy.ElementwiseKernel):
+        def __call__(self, *args):
+            raise RuntimeError("CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: "
+                               "cannot open shared object file: No such file or directory")
+    cp.ElementwiseKernel = ElementwiseKernel
+sys.modules["cupy"] = cp
+"""
+
+
+def probe_with_stub_cupy(tmp_path, broken):
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "cupy.py").write_text(STUB_CUPY.format(broken=broken))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]),
+               NUMBA_ENABLE_CUDASIM="0")
+    return gc.probe(env, sys.executable)
+
+
+def test_probe_finds_a_cupy_that_cannot_compile_a_kernel(tmp_path):
+    got = probe_with_stub_cupy(tmp_path, broken=True)
+    assert "blocker" not in got, got
+    assert got["flavours"]["cupy"] == (
+        "a 4-element test kernel failed: RuntimeError: CuPy failed to load libnvrtc.so.12: "
+        "OSError: libnvrtc.so.12: cannot open shared object file: No such file or directory")
+
+
+def test_probe_runs_the_kernel_of_a_working_cupy(tmp_path):
+    from tests.support import fake_cupy
+    if not fake_cupy.compiler_available():
+        pytest.skip("no host C++ compiler (g++) to run the CuPy kernel sources")
+    assert probe_with_stub_cupy(tmp_path, broken=False)["flavours"]["cupy"] is None
 
 
 # --- the runner --------------------------------------------------------------------------------
@@ -242,7 +305,42 @@ def test_spent_budget_skips_the_rest(tmp_path):
     [rec] = gc.run_steps(steps, report_in(tmp_path), dict(os.environ), str(tmp_path),
                          time.monotonic())
     assert rec["status"] == "skipped"
-    assert rec["reason"] == "time budget spent (--budget)"
+    assert rec["reason"] == "time budget spent: needs 30 s, 0 s left"
+
+
+def test_a_run_starts_only_if_it_fits_and_a_budget_cut_off_is_skipped(tmp_path):
+    """Budget 6 s: a run killed by its own 1 s timeout failed; one whose 30 s timeout does not
+    fit is not started; one expected to take 1 s starts, and the budget's end cuts it off."""
+    sleep = py("import time; time.sleep(60)")
+    steps = [gc.Step("own-timeout", [gc.Run("sleep", sleep, 1)]),
+             gc.Step("too-long", [gc.Run("pass", py("pass"), 30)]),
+             gc.Step("cut-off", [gc.Run("sleep", sleep, 600, expect=1)])]
+    start = time.monotonic()
+    records = {r["name"]: r["runs"][0] for r in gc.run_steps(
+        steps, report_in(tmp_path), dict(os.environ), str(tmp_path), start + 6)}
+    assert time.monotonic() - start < 20
+    own = records["own-timeout"]
+    assert (own["status"], own["reason"]) == ("failed", "timeout after 1 s")
+    long = records["too-long"]
+    assert long["status"] == "skipped" and "rc" not in long
+    assert long["reason"].startswith("time budget spent: needs 30 s, ")
+    assert long["reason"].endswith(" s left")
+    cut = records["cut-off"]
+    assert cut["status"] == "skipped" and cut["rc"] is None
+    assert cut["reason"].startswith("time budget spent: cut off after ")
+    assert cut["reason"].endswith(" s (its timeout: 600 s)")
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["summary"] == {"failed": 1, "skipped": 2}
+
+
+def test_planned_runs_expect_less_than_their_timeout():
+    steps = steps_of(facts())
+    assert list(gc.STEPS).index("step") > list(gc.STEPS).index("train") > \
+        list(gc.STEPS).index("kernels")                 # the JIT is warm before the timed step
+    runs = [r for s in steps.values() for r in s.runs]
+    assert all(r.expect is None or 0 < r.expect < r.timeout for r in runs)
+    train = runs_of(steps["train"])
+    assert train["lenet cuda-numba"].expect < train["lenet cuda-numba"].timeout
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -302,6 +400,22 @@ def test_uninstalled_source_tree_maps_kernels(tmp_path):
     assert pkg == str(ROOT / "mpitrain" / "__init__.py")
     assert kernels == str(ROOT / "kernels" / "__init__.py")
     assert cpu == str(ROOT / "kernels" / "cpu.py")
+
+
+def test_every_run_shares_one_numba_cache_in_the_work_dir(tmp_path):
+    bin_dir = fake_smi(tmp_path, FAKE_SMI.replace('echo "fake nvidia-smi $*"',
+                                                  'echo "cache=$NUMBA_CACHE_DIR"'))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--only", "nvidia-smi", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=dict(env, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+                                  NUMBA_ENABLE_CUDASIM="0"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((out / "report.json").read_text())
+    cache = os.path.join(doc["work_dir"], "numba-cache")
+    assert doc["numba_cache_dir"] == cache
+    assert f"cache={cache}" in (out / "gpu-check.log").read_text()
 
 
 def test_dry_run_with_a_fake_gpu_writes_the_plan(tmp_path):
