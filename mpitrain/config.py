@@ -12,13 +12,15 @@ places in two units, which is what this file exists to avoid.
 the same verdict without talking to the others; the one-line error names the offending value.
 """
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from mpitrain import env
+from mpitrain import threads as thread_budget
+from mpitrain.comm import settings as comm_settings
+from mpitrain.data.locate import env_data_dir
+from mpitrain.runtime import env
 
-AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS (config imports no data)
+AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS
 LR_SCHEDULES = ("constant", "step", "cosine")   # mpitrain.optim.SCHEDULES
 NORMALIZATIONS = ("fixed", "train", "none")    # mpitrain.data.NORMALIZATIONS
 MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20", "resnet32", "resnet56")
@@ -28,8 +30,6 @@ DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10":
 # Per-sample input shape the conv models accept (the MLP and the ResNets adapt to the data).
 MODEL_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
 ENV_PREFIX = "MPITRAIN_"
-# Older names the comm layer reads itself; honoured when the field's own variable is unset.
-ENV_ALIASES = {"fusion_threshold_bytes": "MPITRAIN_FUSION_THRESHOLD"}
 
 
 class UsageError(ValueError):
@@ -309,15 +309,8 @@ def field_type(f):
 
 
 def parse_value(f, text, source):
-    """Parse one text value for field ``f``; ``source`` names where it came from (for the error)."""
+    """Parse one flag's text for field ``f``; ``source`` names the flag (for the error)."""
     kind = field_type(f)
-    if kind is bool:
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off", ""):
-            return False
-        raise UsageError(f"{source}={text!r}: expected 1/0, true/false, yes/no or on/off")
     try:
         return kind(text)
     except UsageError as exc:
@@ -327,22 +320,40 @@ def parse_value(f, text, source):
 
 
 def from_env(environ=None, base=None):
-    """Config with every ``MPITRAIN_<FIELD>`` variable of ``environ`` applied over ``base``."""
-    environ = os.environ if environ is None else environ
+    """Config with every ``MPITRAIN_<FIELD>`` variable of ``environ`` applied over ``base``
+    (unset or empty: ``base``'s value); a bad value is a UsageError naming the variable."""
     base = base or Config()
-    changes = {}
-    for f in dataclasses.fields(Config):
-        key = env_name(f.name)
-        alias = ENV_ALIASES.get(f.name)
-        if key not in environ and alias and alias in environ:
-            key = alias
-        if key in environ:
-            changes[f.name] = parse_value(f, environ[key], key)
-    return base.replace(**changes)
+    try:
+        return base.replace(**{f.name: _from_env(f, getattr(base, f.name), environ)
+                               for f in fields()})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _from_env(f, default, environ):
+    """Field ``f`` from its variable with runtime/env.py's grammar. A variable that a lower
+    layer reads too (mt.init, mpitrain.data) is read by that layer's reader."""
+    if f.name == "threads":
+        return thread_budget.from_env(environ, default)
+    if f.name == "data_dir":
+        return env_data_dir(environ)[1] or default
+    if f.name == "fusion_threshold_bytes":      # the comm layer's variable, unless ours is set
+        default = comm_settings.fusion_threshold_from_env(environ, default)
+    name, kind = env_name(f.name), field_type(f)
+    if f.metadata.get("choices"):
+        return env.choice(name, default, f.metadata["choices"], environ)
+    if kind is bool:
+        return env.flag(name, default, environ)
+    if kind is int:
+        return env.integer(name, default, environ=environ)
+    if kind is float:
+        return env.number(name, default, environ=environ)
+    text = env.text(name, None, environ)
+    return default if text is None else parse_value(f, text, name)
 
 
 def fields():
     return dataclasses.fields(Config)
 
 
-env.declare(*(env_name(f.name) for f in fields()), *ENV_ALIASES.values())
+env.declare(*(env_name(f.name) for f in fields()))

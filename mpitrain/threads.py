@@ -29,7 +29,7 @@ as wide as the machine ran ~320 ms/step against 22-28 ms with one thread per ran
 import ctypes
 import os
 
-from mpitrain import env
+from mpitrain.runtime import env
 
 # BLAS variables only: Numba re-reads NUMBA_NUM_THREADS from os.environ at every compilation and
 # raises if it differs from the size of a pool already launched, so we never write it.
@@ -70,17 +70,9 @@ def default_threads(local_size=None, n_cores=None):
     return max(1, n_cores // max(1, local_size))
 
 
-def from_env(environ=None):
-    """``MPITRAIN_THREADS`` as an int (0 = the default budget, also when unset)."""
-    text = (os.environ if environ is None else environ).get("MPITRAIN_THREADS", "").strip()
-    try:
-        n = int(text) if text else 0
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"MPITRAIN_THREADS={text!r}: expected an integer >= 0 (0 = cores / "
-                         f"ranks on this node)")
-    return n
+def from_env(environ=None, default=0):
+    """``MPITRAIN_THREADS`` (0 = the default budget); mt.init and the CLI's --threads read it."""
+    return env.integer("MPITRAIN_THREADS", default, minimum=0, environ=environ)
 
 
 def configure(threads=0, local_size=None):

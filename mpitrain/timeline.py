@@ -46,9 +46,8 @@ import time
 
 from mpitrain import atomic
 
-__all__ = ["Timeline", "current", "activate", "ENV_VAR"]
+__all__ = ["Timeline", "current", "activate"]
 
-ENV_VAR = "MPITRAIN_TIMELINE"
 # Events kept per rank before later ones are dropped (counted, reported in the file): a long run
 # with the timeline left on must not eat the memory of the job it is tracing.
 DEFAULT_MAX_EVENTS = 1_000_000

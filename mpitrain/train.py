@@ -44,7 +44,7 @@ import numpy as np
 
 import mpitrain as mt
 from mpitrain import checkpoint as ckpt
-from mpitrain import env, threads, timeline
+from mpitrain import threads, timeline
 from mpitrain.comm.check import format_groups, group
 from mpitrain.config import UsageError
 from mpitrain.data import DataError
@@ -52,6 +52,7 @@ from mpitrain.data.sampler import DistributedSampler
 from mpitrain.deterministic import BatchNormReplay, ShardSums, seed_dropout
 from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
                                   broadcast_parameters)
+from mpitrain.runtime import env
 
 TIMING_WARMUP_STEPS = 5
 EVAL_BATCH = 500
@@ -803,7 +804,7 @@ def _check_same_launch(config):
     different hyper-parameters would otherwise train apart without a word (only a different
     model or batch size trips a collective). One line naming each setting and its ranks."""
     mine = {f"--{name.replace('_', '-')}": value for name, value in config.as_dict().items()}
-    mine.update((name, os.environ.get(name)) for name in env.known())
+    mine.update(env.snapshot())
     every = mt.allgather_object(mine)
     differ = [f"{key}: {format_groups(group(enumerate(e.get(key) for e in every)))}"
               for key in mine if len({repr(e.get(key)) for e in every}) > 1]

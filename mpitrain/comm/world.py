@@ -22,10 +22,10 @@ import threading
 
 from mpi4py import MPI
 
-from mpitrain import env
 from mpitrain import threads as thread_budget
 from mpitrain.comm import abort, check, handles, watchdog
-from mpitrain.comm.settings import ENV, NODE_SIZE_NAMES, CommSettings, env_values
+from mpitrain.comm.settings import NODE_SIZE_NAMES, VARIABLES, CommSettings
+from mpitrain.runtime import env
 
 _state = None
 _lock = threading.Lock()
@@ -117,7 +117,7 @@ def init(comm=None, threads=0, settings=None, abort_on_exception=True):
     earlier stays).
 
     The first initialisation also warns, on rank 0, about ``MPITRAIN_*`` variables that no part
-    of mpitrain reads (a misspelled name), with the closest known name (env.py).
+    of mpitrain reads (a misspelled name), with the closest known name (runtime/env.py).
     """
     global _state
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
@@ -162,7 +162,7 @@ def _agreed_settings(comm, settings):
     whatever MPITRAIN_CHECK says), then parsed -- a bad value is the same ValueError on every
     rank, a difference a CollectiveError on every rank."""
     if settings is None:             # the raw variables: a bad value must not hide a difference
-        mine = {ENV[field]: text for field, text in env_values().items()}
+        mine = env.snapshot(VARIABLES)
     else:
         mine = dataclasses.asdict(settings)
     every = comm.allgather(mine) if comm.Get_size() > 1 else [mine]

@@ -21,12 +21,12 @@ import os
 import shlex
 from pathlib import Path
 
-from mpitrain import env
 from mpitrain.data.catalog import spec as _spec
 from mpitrain.data.dataset import DataError
+from mpitrain.runtime import env
 
 __all__ = ["locate", "search_dirs", "dataset_files", "cache_root", "home_dir", "given_root",
-           "where_to_put", "SYSTEM_ROOT", "ENV_VARS"]
+           "where_to_put", "env_data_dir", "SYSTEM_ROOT", "ENV_VARS"]
 
 SYSTEM_ROOT = Path("/usr/share/datasets")
 # --data-dir's variable (config.py maps every flag to MPITRAIN_<FLAG>), then its older name.
@@ -51,10 +51,20 @@ def given_root(data_dir=None):
     if _passed(data_dir):
         root = Path(data_dir).expanduser()
         return root, f"data dir {root}"
+    var, text = env_data_dir()
+    if var is None:
+        return None, None
+    root = Path(text).expanduser()
+    return root, f"${var}={root}"
+
+
+def env_data_dir(environ=None):
+    """(variable, its text) for the data dir the environment names -- $MPITRAIN_DATA_DIR, else
+    $MPITRAIN_DATA -- or (None, None) (empty = unset); the CLI's --data-dir reads it too."""
     for var in ENV_VARS:
-        if os.environ.get(var):
-            root = Path(os.environ[var]).expanduser()
-            return root, f"${var}={root}"
+        text = env.text(var, None, environ)
+        if text is not None:
+            return var, text
     return None, None
 
 

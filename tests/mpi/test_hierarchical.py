@@ -115,9 +115,9 @@ def test_node_size_and_its_alias_are_one_setting(monkeypatch):
             mt.init(threads=None)
         monkeypatch.delenv("MPITRAIN_LOCAL_SIZE")
         monkeypatch.delenv("MPITRAIN_NODE_SIZE")
-        monkeypatch.setenv("MPITRAIN_HIERARCHICAL_ALLREDUCE", "yes")
-        with pytest.raises(ValueError, match="MPITRAIN_HIERARCHICAL_ALLREDUCE='yes': expected 0 "
-                                             "or 1"):
+        monkeypatch.setenv("MPITRAIN_HIERARCHICAL_ALLREDUCE", "maybe")
+        with pytest.raises(ValueError, match="MPITRAIN_HIERARCHICAL_ALLREDUCE='maybe': expected "
+                                             "1/0, true/false"):
             mt.init(threads=None)
         monkeypatch.delenv("MPITRAIN_HIERARCHICAL_ALLREDUCE")
         monkeypatch.setenv("MPITRAIN_NODE_SIZE", str(N + 1))

@@ -94,7 +94,7 @@ def test_an_unwritable_log_is_a_value_error_before_any_trial(tmp_path):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"MPITRAIN_AUTOTUNE": "yes"}, "MPITRAIN_AUTOTUNE='yes': expected 0 or 1"),
+    ({"MPITRAIN_AUTOTUNE": "maybe"}, "MPITRAIN_AUTOTUNE='maybe': expected 1/0, true/false"),
     ({"MPITRAIN_AUTOTUNE_STEPS": "0"}, "MPITRAIN_AUTOTUNE_STEPS=0 must be >= 1"),
     ({"MPITRAIN_AUTOTUNE_WARMUP_STEPS": "-1"}, "MPITRAIN_AUTOTUNE_WARMUP_STEPS=-1 must be >= 0"),
     ({"MPITRAIN_AUTOTUNE_STEPS": "many"}, "MPITRAIN_AUTOTUNE_STEPS='many' is not an integer")])
