@@ -75,13 +75,13 @@ test-gpu: venv
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) -m gpu tests/gpu
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
 
-# Everything the GPU needs in one command (benchmarks/gpu_check.py; README "GPU check"): one JSON
+# Everything the GPU needs in one command (tools/gpu_check.py; README "GPU check"): one JSON
 # report and a log in out/gpu-check. No venv target: a GPU machine may be offline with the GPU
 # stack in its python3, so this runs the venv's python if there is one, else $(PYTHON), on
 # the source tree. Without a GPU: one line, at once. QUICK=1: about 3 minutes; ARGS: more flags.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
-	@$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(QUICK),--quick) $(ARGS)
+	@$(GPU_PYTHON) tools/gpu_check.py $(if $(QUICK),--quick) $(ARGS)
 
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
@@ -99,7 +99,7 @@ bench: venv
 
 lint: venv
 	$(PY) -m pyflakes --version >/dev/null 2>&1 || $(PY) -m pip install -q pyflakes
-	$(PY) -m pyflakes mpitrain kernels benchmarks tests
+	$(PY) -m pyflakes mpitrain kernels benchmarks tools tests
 
 loc:
 	@wc -l mpitrain/*.py mpitrain/*/*.py kernels/*.py | sort -n | tail -n 25

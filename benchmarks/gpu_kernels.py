@@ -7,7 +7,7 @@ For each CUDA flavour that loads (kernels/cuda_cupy.py, kernels/cuda_numba.py), 
 kernel of the training step is timed on ``--elements`` float32 elements (ResNet's BatchNorm,
 pooling and shortcut kernels on an (N, 16, 28, 28) batch of that size) and its effective
 bandwidth (bytes it must read + write, divided by time) is compared with a plain device-to-device
-memcpy of the same buffer timed in the same run: the issue's target is >= 70 % of that copy. GEMM
+memcpy of the same buffer timed in the same run: the target is >= 70 % of that copy. GEMM
 is a square ``--gemm``^3 float32 product (2 n^3 flops; cuBLAS for CuPy, the tiled shared-memory
 kernel for Numba). Each figure is the best of ``--rounds`` rounds (shared machines are noisy); a
 kernel whose result is wrong aborts the run (exit 1), before anything is written.
@@ -88,7 +88,7 @@ def elementwise_cases(k, n):
 
 
 def norm_cases(k, n):
-    """(name, callable, bytes moved per call) for ResNet's kernels (issue 11) on an
+    """(name, callable, bytes moved per call) for ResNet-20's kernels on an
     (N, 16, 28, 28) float32 batch of about ``n`` elements: BatchNorm's passes over the
     activations, global average pooling and the option-A shortcut (each moves its activations
     once; the per-channel vectors are noise)."""

@@ -30,8 +30,8 @@ import benchdeps  # noqa: E402
 import benchutil  # noqa: E402
 
 MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20")
-# The ResNet runs on Fashion-MNIST-sized input here (issue 11's target); the zoo's default is
-# (3, 32, 32).
+# The ResNet runs on Fashion-MNIST-sized input here (the size its speed target is set for); the
+# zoo's default is (3, 32, 32).
 MODEL_KW = {"resnet20": dict(input_shape=(1, 28, 28))}
 
 

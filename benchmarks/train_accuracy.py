@@ -3,11 +3,11 @@
     python benchmarks/train_accuracy.py --model mlp --epochs 2      # target >= 85% (Fashion-MNIST)
     python benchmarks/train_accuracy.py --model lenet --epochs 2    # target >= 88%
 
-No MPI: this checks the engine alone (kernels, layers, loss, optimizer) against the issue's accuracy
-targets, with the same recipe for every model: SGD lr 0.05, momentum 0.9, batch 64, a seeded
-shuffle per epoch, the last partial batch included. Exits 1 when the final test accuracy misses
-``--target`` (default: the issue's figure for the model), so a broken engine cannot pass silently;
-exits 2 with one line when the dataset or the backend is missing.
+No MPI: this checks the engine alone (kernels, layers, loss, optimizer) against the reference
+accuracy targets, with the same recipe for every model: SGD lr 0.05, momentum 0.9, batch 64, a
+seeded shuffle per epoch, the last partial batch included. Exits 1 when the final test accuracy
+misses ``--target`` (default: the model's figure in TARGETS), so a broken engine cannot pass
+silently; exits 2 with one line when the dataset or the backend is missing.
 """
 import argparse
 import sys

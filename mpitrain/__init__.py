@@ -11,8 +11,9 @@ Each section below re-exports one layer of the package; ``__all__`` is the publi
 
 def _source_tree_kernels():
     """Run from a checkout without an install (``python -m mpitrain`` in the repository root,
-    pytest's ``pythonpath = .``, the lent GPU machine), the ``kernels/`` folder beside this
-    package is ``mpitrain.kernels``, as setup.py's ``package_dir`` makes it when installed."""
+    pytest's ``pythonpath = .``, ``make gpu-check`` on a GPU machine), the ``kernels/`` folder
+    beside this package is ``mpitrain.kernels``, as setup.py's ``package_dir`` makes it when
+    installed."""
     import importlib.util
     import os
     import sys

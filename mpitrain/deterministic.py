@@ -1,4 +1,4 @@
-"""Deterministic mode (issue 15): the same parameter bits for any power-of-two number of ranks.
+"""Deterministic mode: the same parameter bits for any power-of-two number of ranks.
 
 ``DistributedOptimizer(..., deterministic=True)`` and ``python -m mpitrain --deterministic``.
 The global batch of G samples is cut into M micro-shards of G/M samples (M a power of two,

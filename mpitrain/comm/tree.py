@@ -2,7 +2,8 @@
 
 The ring (ring.py) reduces chunk c starting at rank c+1, so which partial sums meet depends on N,
 and float addition is not associative: 1 rank x batch 8b and 2 ranks x batch 4b agree only up to
-rounding. Bitwise equality across N (issue 15) needs one tree that every N evaluates the same way.
+rounding. Bitwise equality across N (deterministic mode) needs one tree that every N evaluates
+the same way.
 
 The tree has M leaves (M a power of two: the micro-shards of one global batch, in order), and each
 inner node adds its left and right subtree. With N ranks (a power of two dividing M), rank r owns

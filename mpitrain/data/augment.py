@@ -45,7 +45,7 @@ def mix64(x):
 
 
 def default_crop_padding(sample_shape):
-    """The recipes' padding: 2 pixels on 28x28 images (the issue's Fashion-MNIST reference), 4 on
+    """The recipes' padding: 2 pixels on 28x28 images (the Fashion-MNIST reference recipe), 4 on
     32x32 and larger (He et al.'s CIFAR recipe)."""
     return 4 if min(sample_shape[-2:]) >= 32 else 2
 

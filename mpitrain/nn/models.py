@@ -14,7 +14,7 @@ from mpitrain.nn.resnet import resnet
 from mpitrain.nn.sequential import Sequential
 
 # Glorot uniform for every layer (Keras's default). He normal on the ReLU layers (init=None, the
-# Layer default) made LeNet diverge at step 1 with the recipe (SGD lr 0.05, momentum 0.9:
+# Layer default) made LeNet diverge at step 1 with the reference recipe (SGD lr 0.05, momentum 0.9:
 # initial loss 3.3, then 42, then a dead network), and trained the MLP to 84.0% vs 85.1% after one
 # epoch; Glorot trains all three.
 INIT = "glorot"

@@ -32,7 +32,7 @@ def test_train_step_on_the_simulator(tmp_path, dev):
             "--hidden 8 --synthetic-samples 16 --steps 2 --batch-size 4"]
     if os.path.exists(MPIEXEC):
         args += ["--mpiexec", MPIEXEC]
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")] + args,
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py")] + args,
                          env=sim_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
                          timeout=280)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -83,7 +83,7 @@ def dry_run(tmp_path, stubs):
     if os.path.exists(MPIEXEC):
         args += ["--mpiexec", MPIEXEC]
     env = dict(sim_env(tmp_path), PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]))
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")] + args,
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py")] + args,
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     doc = json.loads((out / "report.json").read_text())

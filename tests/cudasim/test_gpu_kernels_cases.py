@@ -1,7 +1,7 @@
 """benchmarks/gpu_kernels.py's kernel cases run on both GPU backends (simulated / emulated).
 
 The benchmark itself refuses the simulator (its timings mean nothing there), so nothing else
-would notice a case that calls a kernel with the wrong arguments before a real GPU session
+would notice a case that calls a kernel with the wrong arguments before a run on a real GPU
 does: every case is called once here, on the smallest batch, and must return without error.
 """
 import numpy as np

@@ -1,8 +1,9 @@
 """Hierarchical allreduce on nodes that MPI itself sees (not MPITRAIN_NODE_SIZE emulation).
 
-MPICH's launcher makes one machine two MPI nodes (../shared/MULTINODE.md): two host names for
-this machine and its fork launcher, so ``Split_type(COMM_TYPE_SHARED)`` splits the ranks and the
-link between the "nodes" is TCP over loopback. With 2+2 ranks the hierarchical allreduce runs on
+MPICH's launcher makes one machine two MPI nodes, with no hostfile, ssh or root: given two host
+names that both mean this machine and its fork launcher (``mpiexec -launcher fork -hosts
+localhost:2,127.0.0.1:2``), ``Split_type(COMM_TYPE_SHARED)`` splits the ranks and the link
+between the "nodes" is TCP over loopback. With 2+2 ranks the hierarchical allreduce runs on
 MPI's own nodes and must give the flat result; with 2+1 ranks the nodes differ in size, so it
 stays flat and rank 0 says why, once. Skipped without MPICH's hydra launcher.
 """

@@ -2,7 +2,7 @@
 
 Every collective on a set is compared with mpi4py on the same subgroup (a Split of COMM_WORLD)
 and with the NumPy oracle over the members' inputs (tests/support/oracles.py). The set used by
-most tests is SET: ranks [0, 2] at N=3 (the issue's example), [0, 2, 3] at N=4 (three members,
+most tests is SET: ranks [0, 2] at N=3 (the README's example), [0, 2, 3] at N=4 (three members,
 one outsider), every rank at N <= 2 (a set is then a second communicator over the same ranks,
 which still proves the set's own World is what the collectives use). Outsider tests need N >= 3
 and skip below. Every rank makes the same add/remove calls in the same order.

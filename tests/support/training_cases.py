@@ -31,7 +31,7 @@ def tiny_mlp(kernels):
 
 
 def tiny_resnet(kernels):
-    """Every layer issue 11 added: conv-BN-ReLU, a downsampling BasicBlock (option-A shortcut,
+    """Every layer ResNet-20 needs: conv-BN-ReLU, a downsampling BasicBlock (option-A shortcut,
     residual add) on an odd 5x5 map, global average pooling, Linear-BatchNorm1d-ReLU."""
     rng = np.random.default_rng(11)
     kw = dict(seed=rng, kernels=kernels)

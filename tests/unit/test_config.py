@@ -33,7 +33,7 @@ def test_every_field_has_a_flag_and_an_env_var():
     for f in cfg.fields():
         assert f.name in dests, f.name
         assert f.metadata["help"]
-    # Flags exactly as documented in the issue.
+    # The documented flags, exactly as spelled.
     text = parser.format_help()
     for flag in ("--model", "--dataset", "--data-dir", "--epochs", "--steps", "--batch-size",
                  "--lr", "--scale-lr", "--warmup-epochs", "--optimizer", "--momentum",

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (`make gpu-check`) on the CPU: no-GPU exit, plan, runner, checks.
+"""tools/gpu_check.py (`make gpu-check`) on the CPU: no-GPU exit, plan, runner, checks.
 
 The GPU itself is faked (an nvidia-smi script on PATH) or left out: what is tested is that the
 check stops at once without a GPU, turns every missing prerequisite into "skipped: reason",
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SCRIPT = ROOT / "tools" / "gpu_check.py"
 _spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
 gc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gc)
@@ -387,7 +387,7 @@ def test_junit_counts_by_flavour(tmp_path):
 
 
 def test_uninstalled_source_tree_maps_kernels(tmp_path):
-    """What gpu_check runs on the bare GPU machine: PYTHONPATH=<repo>, no install. The venv's
+    """What gpu_check runs on a bare GPU machine: PYTHONPATH=<repo>, no install. The venv's
     editable-install finder is removed first, so only mpitrain/__init__.py can map kernels/."""
     code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
             "if 'editable' not in type(f).__module__ and 'editable' not in repr(f)]; "

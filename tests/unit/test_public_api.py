@@ -1,4 +1,5 @@
-"""The public names of ../shared/DESIGN.md's API block are the contract: all exported, none lost."""
+"""The public API promised to users (DESIGN_NAMES: the top-level ``mt.*`` names of the design's API
+block) is the contract: every name exported, none lost."""
 import mpitrain as mt
 from mpitrain.comm import collectives
 

@@ -1,5 +1,5 @@
 """The test suites share code only through tests/support: no test file imports another test
-file or a sibling helper by bare name, and none edits sys.path (issue 12)."""
+file or a sibling helper by bare name, and none edits sys.path."""
 import ast
 import pathlib
 

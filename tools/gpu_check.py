@@ -1,7 +1,7 @@
 """make gpu-check: everything the GPU needs, in one command, into one JSON report and one log.
 
-    python3 benchmarks/gpu_check.py [--quick] [--out out/gpu-check] [--only STEP ...]
-                                    [--skip STEP ...] [--budget SECONDS] [--dry-run]
+    python3 tools/gpu_check.py [--quick] [--out out/gpu-check] [--only STEP ...]
+                               [--skip STEP ...] [--budget SECONDS] [--dry-run]
 
 The steps, in order (each run is a subprocess with its own timeout):
 
@@ -38,10 +38,10 @@ rewritten before and after every run (a kill leaves what ran), OUT/gpu-check.log
 command and its output, OUT/timeline.json the trace; scratch files live in a temp dir. Exit
 code: 0 nothing failed, 1 something failed, 2 no GPU (one line, at once) or bad usage.
 
-Runs on the bare GPU machine: stdlib only here; mpitrain is imported from this source tree,
+Runs on a bare GPU machine: stdlib only here; mpitrain is imported from this source tree,
 uninstalled (PYTHONPATH; mpitrain/__init__.py maps kernels/ to mpitrain.kernels as setup.py
-does); MPI is mpiexec on PATH, else next to python, else the mpich wheel carried in .whl/ (installed
-offline into the temp dir). README.md "GPU check" has the one-call recipe.
+does); MPI is mpiexec on PATH, else next to python, else an mpich wheel put in .whl/ (installed
+offline into the temp dir, for a machine without network). README.md "GPU check" has the recipe.
 """
 import argparse
 import datetime
@@ -129,7 +129,7 @@ def find_mpiexec(env, work, python, explicit=None, wheels=None):
     """(mpiexec, source, tried): the first launcher that runs a 2-rank mpi4py world.
 
     An explicit one (--mpiexec / $MPIEXEC) is the only one tried. Otherwise: mpiexec on PATH,
-    next to python, then a carried mpich wheel installed offline with pip --prefix into `work`
+    next to python, then an mpich wheel from .whl/ installed offline with pip --prefix into `work`
     (pip --target drops the wheel's lib/ with libmpi), whose bin/ and lib/ join PATH and
     LD_LIBRARY_PATH in `env` (mpi4py finds libmpi there)."""
     tried = []
@@ -698,7 +698,7 @@ def main(argv=None):
     # train) are loaded, not compiled again, by the timed ones (step, ...)
     env.setdefault("NUMBA_CACHE_DIR", os.path.join(work, "numba-cache"))
     python = sys.executable
-    # also for 1-rank steps: importing mpitrain loads libmpi, which the carried wheel may bring
+    # also for 1-rank steps: importing mpitrain loads libmpi, which the .whl/ wheel may bring
     mpiexec, source, tried = find_mpiexec(env, work, python, explicit=args.mpiexec,
                                           wheels=[args.mpich_wheel] if args.mpich_wheel else None)
     if mpiexec:
