@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from mpitrain.comm import join_policy, watchdog
+from mpitrain.comm import kinds, watchdog
+from mpitrain.comm.kinds import Kind, as_kind
 
 HEADER_BYTES = 16
 INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
@@ -82,6 +83,7 @@ class Agreement:
     def __call__(self, kind, fields, error=None, payload=None, key=None):
         """Check that every rank calls collective ``kind`` with the same ``fields``.
 
+        kind: a Kind (kinds.py) or its exact name; any other name raises ValueError at once.
         fields: dict of name -> value (values need a deterministic repr: tuples, str, numbers).
         error: this rank's local validation message or None.
         payload: optional contiguous uint8 array of at most INLINE_BYTES, sent in the same
@@ -93,6 +95,8 @@ class Agreement:
         Raises CollectiveError (mismatch anywhere) or ValueError (the same local error
         everywhere). The exchange itself: ``exchange``.
         """
+        if kind.__class__ is not Kind:
+            kind = as_kind(kind)                 # a name that is no kind raises here, always
         if not self.usable:
             if error is not None:
                 raise ValueError(error)
@@ -115,7 +119,7 @@ class Agreement:
         Ranks that have joined (join.py) send JOINED instead of a fingerprint: then the lowest
         active rank broadcasts ``desc`` to them, they run the same collective with a neutral
         contribution (or none of them does, and every active rank raises the same refusal,
-        join_policy.py), and the exchange runs again, now with every fingerprint equal."""
+        kinds.py), and the exchange runs again, now with every fingerprint equal."""
         self.send[0] = h
         record = self.record
         record.enter(desc)
@@ -132,7 +136,7 @@ class Agreement:
                     raise CollectiveError(explain(self.comm.allgather(desc)))
                 active = next(r for r, f in enumerate(fingerprints) if f != JOINED)
                 self.comm.bcast(desc, root=active)       # what the joined ranks are to run
-                refused = join_policy.refusal(desc, joined)
+                refused = kinds.refusal(desc, joined)
                 if refused is not None:
                     raise CollectiveError(refused)
         finally:
@@ -170,7 +174,7 @@ class Prepared:
 
     def __init__(self, agreement, kind, fields, key=None, payload=None):
         self.agreement = agreement
-        self.desc = (kind, fields, None)
+        self.desc = (as_kind(kind), fields, None)
         self.h = agreement.fingerprint(self.desc, key)
         self.send = self.received = None
         if payload is not None:
@@ -190,9 +194,9 @@ def explain(descs):
     """One line naming what differs, with the ranks holding each value (same on every rank).
     A None description is a joined rank's (join.py): it is left out, ranks keep their numbers."""
     ranked = [(r, d) for r, d in enumerate(descs) if d is not None]
-    kinds = group([(r, d[0]) for r, d in ranked])
-    if len(kinds) > 1:
-        return "ranks called different collectives: " + format_groups(kinds)
+    called = group([(r, str(d[0])) for r, d in ranked])       # "'allreduce' on ranks [0]"
+    if len(called) > 1:
+        return "ranks called different collectives: " + format_groups(called)
     kind = ranked[0][1][0]
     errors = [(r, d[2]) for r, d in ranked if d[2] is not None]
     if errors:

@@ -18,6 +18,7 @@ from mpitrain.comm import handles, host
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
 from mpitrain.comm.handles import Handle, poll, synchronize
+from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import DTYPES, Average, Max, Min, Product, ReduceOp, Sum, on_device
 from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         process_sets, remove_process_set, world_of)
@@ -66,7 +67,7 @@ def _submit(impl, kind, process_set, name, *args):
         # behind collectives in flight on the comm thread, where device.py binds the GPU first.
         return handles.completed(getattr(impl, kind), state, *args, kind=kind)
     return handles.submit(getattr(impl, kind), state, *args, kind=kind,
-                          span=(kind, {"tensor_name": name, "process_set": state.set_id}))
+                          span=(kind.value, {"tensor_name": name, "process_set": state.set_id}))
 
 
 # --- blocking ---------------------------------------------------------------------------------
@@ -75,14 +76,14 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
               process_set=GLOBAL):
     """Reduce ``x`` across ranks; returns a new array on every rank (same shape; same dtype,
     except that the Average of integers is a float64 mean)."""
-    return _run(_impl(x), "allreduce", process_set, x, op, name, prescale_factor,
+    return _run(_impl(x), Kind.ALLREDUCE, process_set, x, op, name, prescale_factor,
                 postscale_factor)
 
 
 def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=GLOBAL):
     """In-place allreduce; returns ``x``."""
-    return _run(_impl(x), "allreduce_", process_set, x, op, name, prescale_factor,
+    return _run(_impl(x), Kind.ALLREDUCE_, process_set, x, op, name, prescale_factor,
                 postscale_factor)
 
 
@@ -94,7 +95,7 @@ def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_
     settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
     """
     xs = list(xs)
-    return _run(_impl_of_all(xs), "grouped_allreduce", process_set, xs, op, name,
+    return _run(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE, process_set, xs, op, name,
                 prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
@@ -102,30 +103,30 @@ def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale
                        fusion_threshold_bytes=None, process_set=GLOBAL):
     """In-place grouped allreduce (e.g. gradients); returns the same list."""
     xs = list(xs)
-    return _run(_impl_of_all(xs), "grouped_allreduce_", process_set, xs, op, name,
+    return _run(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE_, process_set, xs, op, name,
                 prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def allgather(x, name=None, process_set=GLOBAL):
     """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
-    return _run(_impl(x), "allgather", process_set, x, name)
+    return _run(_impl(x), Kind.ALLGATHER, process_set, x, name)
 
 
 def broadcast(x, root_rank, name=None, process_set=GLOBAL):
     """Return a new array holding root_rank's ``x`` on every rank (root_rank: a global rank)."""
-    return _run(_impl(x), "broadcast", process_set, x, root_rank, name)
+    return _run(_impl(x), Kind.BROADCAST, process_set, x, root_rank, name)
 
 
 def broadcast_(x, root_rank, name=None, process_set=GLOBAL):
     """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
-    return _run(_impl(x), "broadcast_", process_set, x, root_rank, name)
+    return _run(_impl(x), Kind.BROADCAST_, process_set, x, root_rank, name)
 
 
 def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=GLOBAL):
     """Reduce ``x`` across ranks and give rank r (of the set) block r of axis 0 (first len % N
     get +1 row)."""
-    return _run(_impl(x), "reducescatter", process_set, x, op, name, prescale_factor,
+    return _run(_impl(x), Kind.REDUCESCATTER, process_set, x, op, name, prescale_factor,
                 postscale_factor)
 
 
@@ -134,21 +135,21 @@ def alltoall(x, splits=None, name=None, process_set=GLOBAL):
 
     Without ``splits`` the first dimension must divide evenly by the number of ranks.
     """
-    return _run(_impl(x), "alltoall", process_set, x, splits, name)
+    return _run(_impl(x), Kind.ALLTOALL, process_set, x, splits, name)
 
 
 def barrier(process_set=GLOBAL):
-    return _run(host, "barrier", process_set)
+    return _run(host, Kind.BARRIER, process_set)
 
 
 def broadcast_object(obj, root_rank=0, process_set=GLOBAL):
     """root_rank's (picklable) ``obj`` on every rank."""
-    return _run(host, "broadcast_object", process_set, obj, root_rank)
+    return _run(host, Kind.BROADCAST_OBJECT, process_set, obj, root_rank)
 
 
 def allgather_object(obj, process_set=GLOBAL):
     """List of every rank's (picklable) ``obj``, in rank order."""
-    return _run(host, "allgather_object", process_set, obj)
+    return _run(host, Kind.ALLGATHER_OBJECT, process_set, obj)
 
 
 # --- non-blocking: a handle now, the result from synchronize(handle) ---------------------------
@@ -156,14 +157,14 @@ def allgather_object(obj, process_set=GLOBAL):
 def allreduce_async(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=GLOBAL):
     """Non-blocking ``allreduce``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "allreduce", process_set, name, x, op, name, prescale_factor,
+    return _submit(_impl(x), Kind.ALLREDUCE, process_set, name, x, op, name, prescale_factor,
                    postscale_factor)
 
 
 def allreduce_async_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=GLOBAL):
     """Non-blocking ``allreduce_``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "allreduce_", process_set, name, x, op, name, prescale_factor,
+    return _submit(_impl(x), Kind.ALLREDUCE_, process_set, name, x, op, name, prescale_factor,
                    postscale_factor)
 
 
@@ -172,7 +173,7 @@ def grouped_allreduce_async(xs, op=Average, name=None, prescale_factor=1.0,
                             process_set=GLOBAL):
     """Non-blocking ``grouped_allreduce``: a handle; ``synchronize(handle)`` returns its result."""
     xs = list(xs)
-    return _submit(_impl_of_all(xs), "grouped_allreduce", process_set, name, xs, op, name,
+    return _submit(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE, process_set, name, xs, op, name,
                    prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
@@ -181,35 +182,35 @@ def grouped_allreduce_async_(xs, op=Average, name=None, prescale_factor=1.0,
                              process_set=GLOBAL):
     """Non-blocking ``grouped_allreduce_``: a handle; ``synchronize(handle)`` returns its result."""
     xs = list(xs)
-    return _submit(_impl_of_all(xs), "grouped_allreduce_", process_set, name, xs, op, name,
+    return _submit(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE_, process_set, name, xs, op, name,
                    prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def allgather_async(x, name=None, process_set=GLOBAL):
     """Non-blocking ``allgather``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "allgather", process_set, name, x, name)
+    return _submit(_impl(x), Kind.ALLGATHER, process_set, name, x, name)
 
 
 def broadcast_async(x, root_rank, name=None, process_set=GLOBAL):
     """Non-blocking ``broadcast``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "broadcast", process_set, name, x, root_rank, name)
+    return _submit(_impl(x), Kind.BROADCAST, process_set, name, x, root_rank, name)
 
 
 def broadcast_async_(x, root_rank, name=None, process_set=GLOBAL):
     """Non-blocking ``broadcast_``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "broadcast_", process_set, name, x, root_rank, name)
+    return _submit(_impl(x), Kind.BROADCAST_, process_set, name, x, root_rank, name)
 
 
 def reducescatter_async(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                         process_set=GLOBAL):
     """Non-blocking ``reducescatter``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "reducescatter", process_set, name, x, op, name, prescale_factor,
+    return _submit(_impl(x), Kind.REDUCESCATTER, process_set, name, x, op, name, prescale_factor,
                    postscale_factor)
 
 
 def alltoall_async(x, splits=None, name=None, process_set=GLOBAL):
     """Non-blocking ``alltoall``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), "alltoall", process_set, name, x, splits, name)
+    return _submit(_impl(x), Kind.ALLTOALL, process_set, name, x, splits, name)
 
 
 __all__ = ["ReduceOp", "Sum", "Average", "Min", "Max", "Product", "DTYPES", "CollectiveError",

@@ -61,6 +61,7 @@ from mpitrain.comm import world
 from mpitrain.comm.build_info import cuda_built, device_count, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
 from mpitrain.comm.fusion import FusionBuffer
+from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
                                integer_average_error, on_device, reduce_args, reduce_kind)
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
@@ -387,22 +388,22 @@ def _copy_of(fam, a):
 # --- allreduce ----------------------------------------------------------------------------------
 
 def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    a, fam, err = _check(x, "allreduce")
+    a, fam, err = _check(x, Kind.ALLREDUCE)
     if err is None and integer_average(a.dtype, op):
         # a float64 mean, as on the host, and through it (integer averages are small metrics)
         return fam.kernels.to_device(host_collectives.allreduce(
             state, fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor))
     out = _copy_of(fam, a) if err is None else a
-    return _allreduce_checked(state, "allreduce", fam, out, err, op, name, prescale_factor,
+    return _allreduce_checked(state, Kind.ALLREDUCE, fam, out, err, op, name, prescale_factor,
                               postscale_factor)
 
 
 def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    a, fam, err = _check(x, "allreduce_")
+    a, fam, err = _check(x, Kind.ALLREDUCE_)
     if err is None and integer_average(a.dtype, op):
-        err = integer_average_error("allreduce_", a.dtype)
-    _allreduce_checked(state, "allreduce_", fam, a, err, op, name, prescale_factor,
+        err = integer_average_error(Kind.ALLREDUCE_, a.dtype)
+    _allreduce_checked(state, Kind.ALLREDUCE_, fam, a, err, op, name, prescale_factor,
                        postscale_factor)
     return x
 
@@ -410,7 +411,7 @@ def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_f
 def _allreduce_checked(state, kind, fam, a, err, op, name, prescale, postscale):
     op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
     fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str, device=True)
-    state.agreement("allreduce", fields, err or err2)
+    state.agreement(Kind.ALLREDUCE, fields, err or err2)
     _allreduce_flat(state, fam, _flat(a), op, pre, post)
     return a
 
@@ -462,8 +463,8 @@ def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold
         threshold, threshold_err = None, str(exc)
     fields.update(name=name, threshold_bytes=threshold,
                   arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays),
-                  device=True)        # moved by the device's transport (join_policy.py)
-    state.agreement("grouped_allreduce", fields, first_error(err, threshold_err, *errors))
+                  device=True)        # moved by the device's transport (kinds.py)
+    state.agreement(Kind.GROUPED_ALLREDUCE, fields, first_error(err, threshold_err, *errors))
     if not arrays:
         return []
     fam = next(iter(fams.values()))
@@ -477,13 +478,13 @@ def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold
 
 def grouped_allreduce(state, xs, op=Average, name=None, prescale_factor=1.0,
                       postscale_factor=1.0, fusion_threshold_bytes=None):
-    return _grouped(state, "grouped_allreduce", xs, False, op, name, prescale_factor,
+    return _grouped(state, Kind.GROUPED_ALLREDUCE, xs, False, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
 
 def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0,
                        postscale_factor=1.0, fusion_threshold_bytes=None):
-    return _grouped(state, "grouped_allreduce_", xs, True, op, name, prescale_factor,
+    return _grouped(state, Kind.GROUPED_ALLREDUCE_, xs, True, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
 
@@ -493,7 +494,7 @@ def _checked(state, x, kind):
     """(wrapped array, family) of a device argument; a local error in it is raised on every rank
     (the host call it goes on to would see a fine array)."""
     a, fam, err = _check(x, kind)
-    state.agreement(f"{kind} (device)", {}, err)
+    state.agreement(kind.on_device, {}, err)
     return a, fam
 
 
@@ -504,17 +505,17 @@ def _down(state, x, kind):
 
 
 def allgather(state, x, name=None):
-    host, fam = _down(state, x, "allgather")
+    host, fam = _down(state, x, Kind.ALLGATHER)
     return fam.kernels.to_device(host_collectives.allgather(state, host, name=name))
 
 
 def broadcast(state, x, root_rank, name=None):
-    host, fam = _down(state, x, "broadcast")
+    host, fam = _down(state, x, Kind.BROADCAST)
     return fam.kernels.to_device(host_collectives.broadcast(state, host, root_rank, name=name))
 
 
 def broadcast_(state, x, root_rank, name=None):
-    a, fam = _checked(state, x, "broadcast_")
+    a, fam = _checked(state, x, Kind.BROADCAST_)
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
     fam.to_host(_flat(a), host)
     host_collectives.broadcast_(state, host.reshape(a.shape), root_rank, name=name)
@@ -524,14 +525,14 @@ def broadcast_(state, x, root_rank, name=None):
 
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
-    host, fam = _down(state, x, "reducescatter")
+    host, fam = _down(state, x, Kind.REDUCESCATTER)
     return fam.kernels.to_device(host_collectives.reducescatter(
         state, host, op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
 
 def alltoall(state, x, splits=None, name=None):
-    host, fam = _down(state, x, "alltoall")
+    host, fam = _down(state, x, Kind.ALLTOALL)
     res = host_collectives.alltoall(state, host, splits=splits, name=name)
     if splits is None:
         return fam.kernels.to_device(res)

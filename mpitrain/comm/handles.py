@@ -37,6 +37,8 @@ import threading
 
 from mpi4py import MPI
 
+from mpitrain.comm.kinds import Kind, as_kind
+
 _executor = None
 _lock = threading.Lock()
 _submitted = 0            # collectives handed to the thread (under _lock)
@@ -50,10 +52,11 @@ class Handle:
 
     def __init__(self, future, kind):
         self.future = future
-        self.kind = kind
+        self.kind = kind          # a Kind (kinds.py), or None: a blocking call queued in order
 
     def __repr__(self):
-        return f"<mpitrain handle: {self.kind}, {'done' if self.future.done() else 'pending'}>"
+        kind = "collective" if self.kind is None else self.kind
+        return f"<mpitrain handle: {kind}, {'done' if self.future.done() else 'pending'}>"
 
 
 def comm_thread_available():
@@ -74,12 +77,16 @@ def on_comm_thread():
     return threading.current_thread().name.startswith("mpitrain-comm")
 
 
-def submit(fn, *args, kind="collective", span=None):
+def submit(fn, *args, kind=None, span=None):
     """Run ``fn(*args)`` on the comm thread after everything submitted before; a Handle.
 
-    span: (name, args dict) of the timeline span recording it on the "comm" track, or None.
+    kind: the collective's Kind (kinds.py) or its exact name, None for a blocking call queued
+    in order; another name raises ValueError. span: (name, args dict) of the timeline span
+    recording it on the "comm" track, or None.
     """
     global _submitted
+    if kind is not None and kind.__class__ is not Kind:
+        kind = as_kind(kind)
     if on_comm_thread() or not comm_thread_available():
         return _now(kind, _call, fn, args, span)      # run here: nothing can overtake it
     with _lock:
@@ -88,9 +95,9 @@ def submit(fn, *args, kind="collective", span=None):
     return Handle(future, kind)
 
 
-def completed(fn, *args, kind="collective"):
+def completed(fn, *args, kind=None):
     """``fn(*args)`` run now (in order, as a blocking call), as an already finished Handle."""
-    return _now(kind, ordered, fn, *args)
+    return _now(None if kind is None else as_kind(kind), ordered, fn, *args)
 
 
 def _now(kind, fn, *args):

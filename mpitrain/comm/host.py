@@ -27,6 +27,7 @@ from mpi4py import MPI
 from mpitrain.comm import check
 from mpitrain.comm.engine import allreduce_flat, reduce_rows, scale
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, FusionBuffer, check_threshold
+from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
                                integer_average, integer_average_error, reduce_args, reduce_kind)
 
@@ -39,11 +40,11 @@ def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_fa
         plan = _plan_for(state, x, op, name, prescale_factor, postscale_factor)
         if plan is not None:
             return plan.run(x, None)
-    a, err = as_array(x, "allreduce")
+    a, err = as_array(x, Kind.ALLREDUCE)
     if a is not None and integer_average(a.dtype, op):
         a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
     out = None if a is None else np.array(a, order="C", copy=True)
-    return _allreduce_checked(state, "allreduce", a, out, err, op, name, prescale_factor,
+    return _allreduce_checked(state, Kind.ALLREDUCE, a, out, err, op, name, prescale_factor,
                               postscale_factor)
 
 
@@ -54,10 +55,10 @@ def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_f
             plan = _plan_for(state, x, op, name, prescale_factor, postscale_factor)
             if plan is not None:
                 return plan.run(x, x)
-    a, err = as_array(x, "allreduce_", in_place=True)
+    a, err = as_array(x, Kind.ALLREDUCE_, in_place=True)
     if a is not None and integer_average(a.dtype, op):
-        err = err or integer_average_error("allreduce_", a.dtype)
-    return _allreduce_checked(state, "allreduce_", a, a, err, op, name, prescale_factor,
+        err = err or integer_average_error(Kind.ALLREDUCE_, a.dtype)
+    return _allreduce_checked(state, Kind.ALLREDUCE_, a, a, err, op, name, prescale_factor,
                               postscale_factor)
 
 
@@ -73,10 +74,10 @@ def _allreduce_checked(state, kind, a, out, err, op, name, prescale, postscale):
     # Small enough to ride in the check's own message: one MPI call in all (see check.py).
     inline = (not error and algo == "auto" and pre == 1.0
               and flat.nbytes <= check.INLINE_BYTES)
-    key = None if error else ("allreduce", op.value, a.shape, a.dtype.char, name, pre, post,
+    key = None if error else (Kind.ALLREDUCE, op.value, a.shape, a.dtype.char, name, pre, post,
                               algo)
     agreement = state.agreement
-    rows = agreement("allreduce", fields, error, flat.view(np.uint8) if inline else None, key)
+    rows = agreement(Kind.ALLREDUCE, fields, error, flat.view(np.uint8) if inline else None, key)
     if rows is not None:
         reduce_rows(flat, rows, reduce_kind(op))
         factor = post / rows.shape[0] if op is Average else post
@@ -133,7 +134,7 @@ class _Plan:
 
     def __init__(self, state, agreement, fields, key, a, op, pre, post, inline):
         self.state = state
-        self.agreement = check.Prepared(agreement, "allreduce", dict(fields), key,
+        self.agreement = check.Prepared(agreement, Kind.ALLREDUCE, dict(fields), key,
                                         (a.dtype, a.shape) if inline else None)
         self.send = self.agreement.send                                 # a.shape, or None
         received = self.agreement.received                              # (size,) + shape
@@ -173,13 +174,13 @@ class _Plan:
 
 def grouped_allreduce(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       fusion_threshold_bytes=None):
-    return _grouped(state, "grouped_allreduce", xs, False, op, name, prescale_factor,
+    return _grouped(state, Kind.GROUPED_ALLREDUCE, xs, False, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
 
 def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        fusion_threshold_bytes=None):
-    return _grouped(state, "grouped_allreduce_", xs, True, op, name, prescale_factor,
+    return _grouped(state, Kind.GROUPED_ALLREDUCE_, xs, True, op, name, prescale_factor,
                     postscale_factor, fusion_threshold_bytes)
 
 
@@ -200,7 +201,7 @@ def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold
         threshold, threshold_err = None, str(exc)
     fields.update(name=name, threshold_bytes=threshold,
                   arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
-    state.agreement("grouped_allreduce", fields, first_error(err, threshold_err, *errors))
+    state.agreement(Kind.GROUPED_ALLREDUCE, fields, first_error(err, threshold_err, *errors))
     if state.fusion is None or state.fusion.threshold_bytes != threshold:
         state.fusion = FusionBuffer(threshold)             # persistent: rebuilt on a new size
     fusion = state.fusion
@@ -229,10 +230,10 @@ def _blocks(a, rows):
 
 def allgather(state, x, name=None):
     comm = state.comm
-    a, err = as_array(x, "allgather", min_ndim=1)
+    a, err = as_array(x, Kind.ALLGATHER, min_ndim=1)
     fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
               "dtype": None if a is None else a.dtype.str}
-    state.agreement("allgather", fields, err)
+    state.agreement(Kind.ALLGATHER, fields, err)
     rows = np.array([a.shape[0]], np.int64)
     counts = np.empty(comm.Get_size(), np.int64)
     comm.Allgather(rows, counts)
@@ -244,14 +245,14 @@ def allgather(state, x, name=None):
 
 def broadcast(state, x, root_rank, name=None):
     """Return a new array holding root_rank's ``x`` on every rank."""
-    a, err = as_array(x, "broadcast")
+    a, err = as_array(x, Kind.BROADCAST)
     out = None if a is None else np.array(a, order="C", copy=True)
-    return _broadcast_checked(state, "broadcast", out, root_rank, name, err)
+    return _broadcast_checked(state, Kind.BROADCAST, out, root_rank, name, err)
 
 
 def broadcast_(state, x, root_rank, name=None):
-    a, err = as_array(x, "broadcast_", in_place=True)
-    return _broadcast_checked(state, "broadcast_", a, root_rank, name, err)
+    a, err = as_array(x, Kind.BROADCAST_, in_place=True)
+    return _broadcast_checked(state, Kind.BROADCAST_, a, root_rank, name, err)
 
 
 def _broadcast_checked(state, kind, a, root_rank, name, err):
@@ -259,7 +260,7 @@ def _broadcast_checked(state, kind, a, root_rank, name, err):
     root, err2 = as_root(root_rank, kind, state.members)
     fields = {"name": name, "root_rank": root, "shape": None if a is None else a.shape,
               "dtype": None if a is None else a.dtype.str}
-    state.agreement("broadcast", fields, err or err2)
+    state.agreement(Kind.BROADCAST, fields, err or err2)
     buf = a if a.flags.c_contiguous else np.ascontiguousarray(a)
     state.comm.Bcast([buf.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
     if buf is not a:
@@ -270,14 +271,14 @@ def _broadcast_checked(state, kind, a, root_rank, name, err):
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``x`` across ranks and give rank r block r of axis 0 (first len % N get +1 row)."""
     comm = state.comm
-    a, err = as_array(x, "reducescatter", min_ndim=1)
+    a, err = as_array(x, Kind.REDUCESCATTER, min_ndim=1)
     if a is not None and integer_average(a.dtype, op):
         a = a.astype(np.float64)                        # as allreduce: a float64 mean
-    op, pre, post, fields, err2 = reduce_args("reducescatter", op, prescale_factor,
+    op, pre, post, fields, err2 = reduce_args(Kind.REDUCESCATTER, op, prescale_factor,
                                                postscale_factor)
     fields.update(name=name, shape=None if a is None else a.shape,
                   dtype=None if a is None else a.dtype.str)
-    state.agreement("reducescatter", fields, err or err2)
+    state.agreement(Kind.REDUCESCATTER, fields, err or err2)
     size, rank = comm.Get_size(), comm.Get_rank()
     base, extra = divmod(a.shape[0], size)
     rows = [base + (r < extra) for r in range(size)]
@@ -302,11 +303,11 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
 def alltoall(state, x, splits=None, name=None):
     comm = state.comm
     size = comm.Get_size()
-    a, err = as_array(x, "alltoall", min_ndim=1)
+    a, err = as_array(x, Kind.ALLTOALL, min_ndim=1)
     send_splits, err2 = (None, None) if a is None else _as_splits(splits, a.shape[0], size)
     fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
               "dtype": None if a is None else a.dtype.str, "splits given": splits is not None}
-    state.agreement("alltoall", fields, err or err2)
+    state.agreement(Kind.ALLTOALL, fields, err or err2)
     recv_splits = np.empty(size, np.int64)
     comm.Alltoall(send_splits, recv_splits)
     out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
@@ -332,7 +333,7 @@ def _as_splits(splits, rows, size):
 
 
 def barrier(state):
-    state.agreement("barrier", {})
+    state.agreement(Kind.BARRIER, {})
     state.comm.Barrier()
 
 
@@ -343,9 +344,9 @@ def broadcast_object(state, obj, root_rank=0):
     ValueError (mpi4py's bcast would raise on the root alone and leave the others waiting).
     """
     comm = state.comm
-    root, err = as_root(root_rank, "broadcast_object", state.members)
-    state.agreement("broadcast_object", {"root_rank": root}, err)
-    msg = _pickled(obj, "broadcast_object") if comm.Get_rank() == root else None
+    root, err = as_root(root_rank, Kind.BROADCAST_OBJECT, state.members)
+    state.agreement(Kind.BROADCAST_OBJECT, {"root_rank": root}, err)
+    msg = _pickled(obj, Kind.BROADCAST_OBJECT) if comm.Get_rank() == root else None
     payload, error = comm.bcast(msg, root=root)
     if error is not None:
         raise ValueError(f"{error} (on root rank {root})")
@@ -354,8 +355,8 @@ def broadcast_object(state, obj, root_rank=0):
 
 def allgather_object(state, obj):
     """List of every rank's (picklable) ``obj``, in rank order; a pickling error raises on all."""
-    state.agreement("allgather_object", {})
-    gathered = state.comm.allgather(_pickled(obj, "allgather_object"))
+    state.agreement(Kind.ALLGATHER_OBJECT, {})
+    gathered = state.comm.allgather(_pickled(obj, Kind.ALLGATHER_OBJECT))
     errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
     if errors:
         raise ValueError("; ".join(errors))

@@ -11,7 +11,7 @@ and every joined rank runs the same collective with a neutral contribution::
     joined rank 1  join(): JOINED round  <- desc  replay allreduce(zeros) ---^  (dropped)
 
 Neutral means the op's identity (zeros for Sum and Average, +inf / the largest integer for
-Min, -inf / the smallest for Max, ones for Product). join_policy.py lists what can be served:
+Min, -inf / the smallest for Max, ones for Product). kinds.py says what can be served:
 the reductions and the barrier. The rest -- allgather, alltoall and broadcast, as in Horovod,
 the object collectives, process set changes, device-array reductions -- is a CollectiveError
 (a RuntimeError) on every active rank, and the joined ranks keep waiting. ``join()`` returns,
@@ -35,9 +35,10 @@ learn a collective from.
 """
 import numpy as np
 
-from mpitrain.comm import handles, host, join_policy, overlap
+from mpitrain.comm import handles, host, kinds, overlap
 from mpitrain.comm.check import JOINED
 from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import Average, Max, Min, Product, Sum, as_op
 from mpitrain.comm.process_sets import global_process_set, world_of
 
@@ -51,7 +52,7 @@ def join(device=-1, process_set=global_process_set):
     if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
         raise ValueError(f"join: device={device!r} is not an integer (Horovod's GPU index; "
                          f"pass process_set= by keyword)")
-    state = world_of(process_set, "join")
+    state = world_of(process_set, Kind.JOIN)
     return handles.ordered(_join, state)        # after this rank's own collectives in flight
 
 
@@ -74,14 +75,14 @@ def _join(state):
             continue
         desc = state.comm.bcast(None, root=active[0])
         joined = [r for r, f in enumerate(fingerprints) if f == JOINED]
-        if join_policy.refusal(desc, joined) is None:
+        if kinds.refusal(desc, joined) is None:
             _serve(state, desc)
 
 
 def _serve(state, desc):
     """Run the collective ``desc`` describes with a neutral contribution; drop the result."""
     kind, fields, error = desc
-    if join_policy.check_only(desc):
+    if kinds.check_only(desc):
         try:      # the agreement is all there is (with an error, every rank raises it there)
             state.agreement(kind, fields, error)
         except ValueError:
@@ -118,18 +119,18 @@ def _grouped(state, f):
 
 def _buckets(state, f):
     """One step of DistributedOptimizer's overlapped buckets (overlap.py), every bucket zeros."""
-    state.agreement(overlap.STEP_KIND, f)
-    op, _ = as_op(f["op"], overlap.STEP_KIND)               # described by its value ("average")
+    state.agreement(Kind.ALLREDUCE_BUCKETS, f)
+    op, _ = as_op(f["op"], Kind.ALLREDUCE_BUCKETS)          # described by its value ("average")
     for index, bucket in enumerate(overlap.plan(f["arrays"], f["wire"], f["threshold_bytes"])):
         with overlap.watched(state, index):
             allreduce_flat(state, np.zeros(bucket.total, bucket.dtype), op,
                            f["prescale_factor"], f["postscale_factor"])
 
 
-REPLAYS = {
-    "allreduce": _reduction(host.allreduce_),
-    "grouped_allreduce": _grouped,
-    overlap.STEP_KIND: _buckets,
-    "reducescatter": _reduction(host.reducescatter),
-    "barrier": lambda state, f: host.barrier(state),
+REPLAYS = {     # every kind a description can carry whose joined behaviour is Joined.REPLAY
+    Kind.ALLREDUCE: _reduction(host.allreduce_),
+    Kind.GROUPED_ALLREDUCE: _grouped,
+    Kind.ALLREDUCE_BUCKETS: _buckets,
+    Kind.REDUCESCATTER: _reduction(host.reducescatter),
+    Kind.BARRIER: lambda state, f: host.barrier(state),
 }

@@ -38,10 +38,8 @@ import numpy as np
 from mpitrain.comm import check, handles, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
 from mpitrain.comm.handles import comm_thread_available, current_timeline
+from mpitrain.comm.kinds import Kind
 from mpitrain.kernels import cpu
-
-
-STEP_KIND = "allreduce buckets"     # the per-step agreement's kind
 
 
 class _Bucket:
@@ -100,11 +98,11 @@ class BucketAllreduce:
         if self.state is None:
             self.state = world.current()
         agreement = self.state.agreement
-        handles.ordered(agreement, "grouped_allreduce", fields)
+        handles.ordered(agreement, Kind.GROUPED_ALLREDUCE, fields)
         # and once per step, before the first bucket: the collective a rank that has joined
         # (join.py) learns the step from -- one small exchange, prepared once
-        self._step_check = (check.Prepared(agreement, STEP_KIND, fields) if agreement.usable
-                            else None)
+        self._step_check = (check.Prepared(agreement, Kind.ALLREDUCE_BUCKETS, fields)
+                            if agreement.usable else None)
         self.buckets = self._plan()
         self._bucket_of = [0] * len(self.specs)
         for b in self.buckets:
@@ -187,7 +185,7 @@ class BucketAllreduce:
             self._reduce(flat, b.index, nbytes, "main")
             return
         self._futures.append(handles.submit(self._run, flat, b.index, nbytes,
-                                            kind="allreduce bucket"))
+                                            kind=Kind.ALLREDUCE_BUCKET))
 
     def _run(self, flat, index, nbytes):
         # comm thread: buckets run one at a time, in submission order

@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import handles, world
+from mpitrain.comm.kinds import Kind
 from mpitrain.comm.world import World
 
 
@@ -120,7 +121,7 @@ def _add(process_set):
     if error is None and ranks is not None:
         if any(s.ranks == ranks for s in owner.sets.values()):
             error = f"add_process_set: a process set with ranks {ranks} already exists"
-    owner.agreement("add_process_set", {"ranks": None if error else tuple(ranks)}, error)
+    owner.agreement(Kind.ADD_PROCESS_SET, {"ranks": None if error else tuple(ranks)}, error)
     ps = ps if ps is not None else ProcessSet(ranks)
     set_id = owner.next_set_id
     owner.next_set_id += 1
@@ -164,7 +165,7 @@ def _remove(process_set):
             and process_set._owner is owner and owner.sets.get(process_set.process_set_id)
             is process_set):
         set_id = process_set.process_set_id
-    owner.agreement("remove_process_set", {"process_set_id": set_id})
+    owner.agreement(Kind.REMOVE_PROCESS_SET, {"process_set_id": set_id})
     if set_id is None:
         return False
     del owner.sets[set_id]
