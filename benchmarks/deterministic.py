@@ -13,8 +13,8 @@ the shared machine's speed between rounds cancels. Both modes run the same ``--t
 rank (default 1: the deterministic mode's default, because OpenBLAS's bits depend on the thread
 count); the default mode would otherwise take cores / ranks.
 
-Where the cost comes from (module docstring of mpitrain/deterministic.py): M/N passes of G/M
-samples instead of one pass of G/N (smaller GEMMs, each writing a whole weight gradient, and
+Where the cost comes from (module docstring of mpitrain/parallel/deterministic.py): M/N
+passes of G/M samples instead of one pass of G/N (smaller GEMMs, each writing a whole weight gradient, and
 more per-layer overhead), log2(M/N) vector additions, and an allreduce that starts only after
 backward (no overlap).
 A job that fails stops the run: one line and exit 1. Environment: ``MPIEXEC`` as for

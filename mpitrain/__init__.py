@@ -54,10 +54,11 @@ from mpitrain.comm.settings import CommSettings
 from mpitrain.comm.world import (cross_rank, cross_size, init, is_initialized, local_rank,
                                  local_size, rank, shutdown, size)
 
-# Training (distributed.py): parameter/optimizer-state broadcast, the optimizer wrapper,
+# Training (parallel/): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
-from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
-                                  broadcast_parameters)
+from mpitrain.parallel.broadcast import broadcast_optimizer_state, broadcast_parameters
+from mpitrain.parallel.gradients import Compression
+from mpitrain.parallel.optimizer import DistributedOptimizer
 # Checkpoints for your own loop: mt.checkpoint.save / load_latest (collective, rank 0 writes).
 from mpitrain import checkpoint
 

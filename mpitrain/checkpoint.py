@@ -41,7 +41,7 @@ import numpy as np
 from mpitrain import atomic
 from mpitrain.comm import collectives, world
 from mpitrain.config import UsageError
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 FORMAT = 1
 KEEP = 3

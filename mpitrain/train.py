@@ -49,9 +49,10 @@ from mpitrain.comm.check import format_groups, group
 from mpitrain.config import UsageError
 from mpitrain.data import DataError
 from mpitrain.data.sampler import DistributedSampler
-from mpitrain.deterministic import BatchNormReplay, ShardSums, seed_dropout
-from mpitrain.distributed import (Compression, DistributedOptimizer, broadcast_optimizer_state,
-                                  broadcast_parameters)
+from mpitrain.parallel.broadcast import broadcast_optimizer_state, broadcast_parameters
+from mpitrain.parallel.deterministic import BatchNormReplay, ShardSums, seed_dropout
+from mpitrain.parallel.gradients import Compression
+from mpitrain.parallel.optimizer import DistributedOptimizer
 from mpitrain.runtime import env
 
 TIMING_WARMUP_STEPS = 5

@@ -103,7 +103,7 @@ def overlap_buckets(layers, threshold):
 def default_threshold(overlap):
     """The trainer's bucket size: 4 MiB buckets with overlap, the 64 MiB fusion plan without."""
     if overlap:
-        from mpitrain.distributed import OVERLAP_BUCKET_BYTES
+        from mpitrain.parallel.gradients import OVERLAP_BUCKET_BYTES
         return OVERLAP_BUCKET_BYTES
     from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
     return DEFAULT_THRESHOLD_BYTES

@@ -11,7 +11,7 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.data.sampler import DistributedSampler
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 from tests.support.batches import global_batches
 
 mt.init()

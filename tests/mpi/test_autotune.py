@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import mpitrain as mt
 from mpitrain.comm import world
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 COMM = MPI.COMM_WORLD
 N, R = COMM.Get_size(), COMM.Get_rank()

@@ -1,4 +1,5 @@
-"""mt.Compression accepts any object with Horovod's compress/decompress protocol (distributed.py).
+"""mt.Compression accepts any object with Horovod's compress/decompress protocol
+(parallel/gradients.py).
 
 Oracle: the same steps with mt.Compression.none. A user compressor that sends float64 gradients
 as scaled float32 must give that result to float32 precision, call compress once per gradient
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 mt.init()
 N, R = mt.size(), mt.rank()

@@ -13,7 +13,7 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.comm.tree import is_power_of_two
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 from tests.support.batches import global_batches
 
 mt.init()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 mt.init()
 N, R = mt.size(), mt.rank()

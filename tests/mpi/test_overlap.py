@@ -14,7 +14,7 @@ from mpi4py import MPI
 import mpitrain as mt
 
 from mpitrain.comm import overlap, world
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 mt.init()
 N, R = mt.size(), mt.rank()
@@ -91,9 +91,9 @@ def test_plan_is_reverse_layer_order_within_the_threshold():
     opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.1),
                                model.named_parameters(), fusion_threshold_bytes=800)
     if N == 1:
-        assert opt._bucket_allreduce() is None     # one rank: nothing to overlap
+        assert opt.strategy.bucket_allreduce() is None     # one rank: nothing to overlap
         return
-    plan = opt._bucket_allreduce()
+    plan = opt.strategy.bucket_allreduce()
     plan._build()
     # slots are reversed parameters: 2.bias (40 bytes), 2.weight (480), 1.bias (48),
     # 1.weight (768), 0.bias (64), 0.weight (1280: alone, above the threshold)

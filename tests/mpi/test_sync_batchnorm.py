@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 from mpitrain.nn import BatchNorm1d, BatchNorm2d, SyncBatchNorm
 
 mt.init()

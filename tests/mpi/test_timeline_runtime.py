@@ -12,7 +12,7 @@ import pytest
 
 import mpitrain as mt
 from mpitrain import timeline
-from mpitrain.distributed import DistributedOptimizer
+from mpitrain.parallel.optimizer import DistributedOptimizer
 
 mt.init()
 N, R = mt.size(), mt.rank()

@@ -4,7 +4,7 @@ other order (what N ranks moving their own copies would give) does not."""
 import numpy as np
 
 import mpitrain as mt
-from mpitrain.deterministic import BatchNormReplay
+from mpitrain.parallel.deterministic import BatchNormReplay
 
 
 def _batches():

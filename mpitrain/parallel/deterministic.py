@@ -27,17 +27,26 @@ GEMMs, each writing a whole weight gradient), about one vector addition per pass
 the ring's volume), which runs in ``step()``, after the last pass: no overlap with backward.
 docs/benchmarks.md has the measured cost.
 
-This file owns the mode's arithmetic: ``GradientTree`` (the leaves of one step and their sum
-across ranks), ``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and
-micro-shard, not by rank), ``BatchNormReplay`` (running statistics updated in micro-shard
-order) and ``ShardSums`` (metric sums in micro-shard order).
+This file owns the mode: ``DeterministicGradients`` (the strategy DistributedOptimizer picks for
+``deterministic=True``), ``GradientTree`` (the leaves of one step and their sum across ranks),
+``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and micro-shard, not by
+rank), ``BatchNormReplay`` (running statistics updated in micro-shard order) and ``ShardSums``
+(metric sums in micro-shard order).
 """
+import time
+
 import numpy as np
 
+from mpitrain import comm
 from mpitrain import kernels as _kernels
-from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
+from mpitrain.comm import collectives
+from mpitrain.comm.check import CollectiveError
+from mpitrain.comm.handles import current_timeline
+from mpitrain.comm.tree import PairwiseSum, is_power_of_two
 from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
+from mpitrain.parallel.gradients import Compression
+from mpitrain.parallel.strategy import Strategy
 
 
 def check_ranks(size, what="deterministic=True"):
@@ -46,6 +55,74 @@ def check_ranks(size, what="deterministic=True"):
         raise ValueError(f"{what} needs a power-of-two number of ranks (1, 2, 4, 8, ...), got "
                          f"{size}: the fixed reduction tree splits the micro-shards evenly in "
                          f"halves")
+
+
+def check_arguments(average, compression, predivide, passes, process_set):
+    """ValueError (the same on every rank: every input is the same there) unless
+    deterministic=True can keep its promise with these arguments."""
+    if average != "gradients":
+        raise ValueError(f"deterministic=True averages gradients in a fixed tree; "
+                         f"average={average!r} is not supported")
+    if compression is not Compression.none:
+        raise ValueError(f"deterministic=True refuses compression={compression!r}: rounding "
+                         f"to a wire format depends on which partial sums a rank sends")
+    if predivide != 1.0:
+        raise ValueError(f"deterministic=True refuses gradient_predivide_factor="
+                         f"{predivide!r} (only exact power-of-two scaling keeps the bits)")
+    if passes & (passes - 1):
+        raise ValueError(f"deterministic=True needs backward_passes_per_step a power of two, "
+                         f"got {passes} (the micro-shards are the leaves of a binary tree)")
+    size = process_set.size()
+    if size is not None:
+        check_ranks(size)
+
+
+class DeterministicGradients(Strategy):
+    """``deterministic=True``: each backward pass's gradients are one leaf of the fixed tree;
+    ``synchronize()`` agrees on the step, sums the tree across ranks and scales (Average: 1/N,
+    exact). No overlap with backward, no ``no_sync()``."""
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        self.tree = GradientTree(opt.params)
+
+    def hook(self, params):
+        super().hook(params)
+        self.tree.report(params)      # keep each pass as a leaf
+
+    def no_sync(self):
+        raise RuntimeError("no_sync() with deterministic=True: every backward pass is one "
+                           "leaf of the fixed tree; use backward_passes_per_step instead")
+
+    def zero_grad(self):
+        super().zero_grad()
+        self.tree.reset()
+
+    def synchronize(self):
+        opt, tree, k = self.opt, self.tree, self.opt.backward_passes_per_step
+        if tree.passes == 0 and k == 1 and self.passes.passes() == 0:
+            tree.add_current()             # no hook: the gradients in .grad are the one leaf
+        error = tree.partial() or self.passes.error()
+        if error is None and tree.passes != k:
+            error = (f"step() after {tree.passes} backward passes; deterministic=True with "
+                     f"backward_passes_per_step={k} takes exactly {k} per step")
+        size = comm.group_size(opt.process_set)
+        start = time.perf_counter()
+        try:
+            # the first MPI call of the step, as for every collective: a wrong count anywhere is
+            # an error on every rank, and a rank in mt.join() is refused, never left waiting
+            comm.agree(opt.process_set, "DistributedOptimizer.deterministic",
+                       {"backward_passes_per_step": k, "elements": tree.elements,
+                        "dtype": str(tree.dtype)}, error)
+        except (ValueError, CollectiveError):
+            opt.zero_grad()               # drops the leaves too
+            raise
+        self.passes.reset()
+        scale = 1.0 / size if opt.op is collectives.Average else 1.0
+        with current_timeline().span("synchronize", cat="comm"):
+            tree.reduce(opt.process_set, size, scale)
+        opt.comm_time_s += time.perf_counter() - start
+        self.synchronized = True
 
 
 class GradientTree:
@@ -137,10 +214,10 @@ class GradientTree:
         for v, p in zip(self._views(buf), params):
             self.kernels.copy(v, p.grad)
 
-    def reduce(self, comm, scale):
-        """Sum the leaves over ``comm`` (the fixed tree), times ``scale``; every ``.grad`` is then
-        a view of the sum. The number of leaves must be a power of two (the caller checks it on
-        every rank)."""
+    def reduce(self, process_set, size, scale):
+        """Sum the leaves over the ``size`` ranks of ``process_set`` (the fixed tree), times
+        ``scale``; every ``.grad`` is then a view of the sum. The number of leaves must be a
+        power of two (the caller checks it on every rank)."""
         root = self.leaves.take()
         k = self.kernels
         host = root
@@ -148,10 +225,10 @@ class GradientTree:
             host = self._host if self._host is not None else np.empty(self.elements, self.dtype)
             self._host = host
             host[...] = k.to_host(root)
-        if comm.Get_size() > 1:
+        if size > 1:
             if self._scratch is None:
                 self._scratch = np.empty(max(1, (self.elements + 1) // 2), self.dtype)
-            tree_allreduce(comm, host, _kernels.get("cpu").add, self._scratch)
+            comm.tree_allreduce_(host, _kernels.get("cpu").add, self._scratch, process_set)
         if host is not root:
             k.copy(root, k.to_device(host))
         if scale != 1.0:

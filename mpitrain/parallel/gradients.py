@@ -1,0 +1,205 @@
+"""Gradient averaging (Horovod's mode): every ``.grad`` averaged across ranks before each update.
+
+``GradientAveraging`` is the strategy DistributedOptimizer picks for ``average="gradients"``.
+Its paths, chosen per step in one place (``average``):
+- overlapped: with ``overlap=True``, host arrays and several ranks, ``backward_hook`` fills fixed
+  buckets (reverse layer order, ``fusion_threshold_bytes`` each) whose allreduces run on the
+  comm thread during backward; ``synchronize()`` waits for them (comm/overlap.py);
+- fused: otherwise every gradient at ``synchronize()``, through the fusion buffer
+  (``grouped_allreduce_``); a built-in compression (``Compression.fp16``) casts into persistent
+  wire buffers around it;
+- compressed: a user's compressor (Horovod's protocol) compresses each gradient, the wire arrays
+  are averaged (fused), then decompressed into ``.grad``;
+- one rank: nothing to average.
+After the average every rank agrees on its count of backward passes (one small exchange).
+"""
+import time
+
+import numpy as np
+
+from mpitrain import autotune
+from mpitrain import comm
+from mpitrain.comm import collectives
+from mpitrain.comm.check import CollectiveError
+from mpitrain.comm.handles import current_timeline
+# ops.on_device, not comm/device.py's test: importing device.py here would load it in every
+# process, GPU or not
+from mpitrain.comm.ops import on_device
+from mpitrain.comm.process_sets import world_of
+from mpitrain.parallel.strategy import Strategy
+
+# Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
+# early in backward, large enough that per-call latency stays small (PyTorch DDP: 25 MB).
+OVERLAP_BUCKET_BYTES = 4 * 1024 * 1024
+
+
+class Compressor:
+    """A built-in compression: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``.
+
+    It also speaks Horovod's protocol (``compress(array) -> (array, ctx)``,
+    ``decompress(array, ctx) -> array``), but DistributedOptimizer does not call it: it casts
+    into persistent wire buffers (or inside the overlap buckets) instead of allocating per step.
+    """
+
+    def __init__(self, name, wire):
+        self.name = name
+        self._wire = wire  # {float dtype: dtype on the wire}
+
+    def wire_dtype(self, dtype):
+        return np.dtype(self._wire.get(np.dtype(dtype), dtype))
+
+    def compress(self, array):
+        wire = self.wire_dtype(array.dtype)
+        return (array if wire == array.dtype else array.astype(wire)), array.dtype
+
+    def decompress(self, array, ctx):
+        return array if array.dtype == ctx else array.astype(ctx)
+
+    def __repr__(self):
+        return f"mt.Compression.{self.name}"
+
+
+class Compression:
+    """``none``: gradients travel as they are; ``fp16``: float32 travels as float16 (half the bytes,
+    ~3 significant digits; restored to float32 after the average).
+
+    Any other object with Horovod's protocol is accepted too (a class with static methods, as in
+    Horovod, or an instance): ``compress(array) -> (wire_array, ctx)`` on each gradient,
+    the wire arrays averaged across ranks (fused, like the gradients themselves), then
+    ``decompress(wire_array, ctx) -> array`` of the gradient's shape, written back into ``.grad``.
+    Wire arrays must have the same shape and dtype on every rank (else CollectiveError on every
+    rank); such a compressor runs after backward (no overlap with it).
+    """
+
+    none = Compressor("none", {})
+    fp16 = Compressor("fp16", {np.dtype(np.float32): np.dtype(np.float16)})
+
+
+def is_compressor(obj):
+    """True for mt.Compression.none/.fp16 and any object with compress() and decompress()."""
+    return (isinstance(obj, Compressor) or (callable(getattr(obj, "compress", None))
+                                            and callable(getattr(obj, "decompress", None))))
+
+
+class GradientAveraging(Strategy):
+    """``average="gradients"``: ``synchronize()`` averages every ``.grad``; ``step()`` updates."""
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        self.wire = None  # fp16 buffers, allocated at the first synchronize
+        # MPITRAIN_AUTOTUNE=1: the first steps try thresholds and paths (autotune.py)
+        self.autotuner = None
+        ps = opt.process_set
+        if ps.included():
+            self.autotuner = autotune.for_optimizer(
+                world_of(ps, "DistributedOptimizer"),
+                lambda obj: collectives.allgather_object(obj, process_set=ps),
+                opt.fusion_threshold_bytes, sum(p.data.nbytes for p in opt.params),
+                self.set_fusion_threshold)
+
+    def bucket_allreduce(self):
+        if self.buckets is not None:
+            return self.buckets
+        opt = self.opt
+        if (not opt.overlap or opt.process_set.size() == 1
+                or not opt.params or on_device(opt.params[0].data)
+                or not isinstance(opt.compression, Compressor)):
+            return None
+        # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
+        grads = [p.data for p in reversed(opt.params)]
+        f = opt.gradient_predivide_factor
+        self.buckets = comm.bucket_allreduce(
+            opt.process_set, [(tuple(g.shape), g.dtype) for g in grads],
+            opt.fusion_threshold_bytes, opt.op, 1.0 / f, f, "DistributedOptimizer.gradients",
+            wire_dtypes=[opt.compression.wire_dtype(g.dtype) for g in grads])
+        return self.buckets
+
+    def synchronize(self):
+        """Average every ``.grad`` in place; then agree on the count of backward passes."""
+        opt = self.opt
+        error = self.passes.error()
+        several = opt.process_set.size() > 1   # the average of one: nothing to do
+        if several:
+            start = time.perf_counter()
+            current_timeline().cycle()           # mt.start_timeline(path, mark_cycles=True)
+            with current_timeline().span("synchronize", cat="comm"):
+                self.average()
+            opt.comm_time_s += time.perf_counter() - start
+        # checked after the average, so that ranks at different counts made the same calls
+        self.passes.reset()
+        try:
+            if several:
+                # behind whatever is in flight (another optimizer's buckets)
+                comm.agree(opt.process_set, "DistributedOptimizer.step",
+                           {"backward_passes_per_step": opt.backward_passes_per_step}, error,
+                           ordered=True)
+            elif error is not None:
+                raise ValueError(error)
+        except (ValueError, CollectiveError):
+            opt.zero_grad()               # a wrong count summed the wrong gradients
+            raise
+        self.synchronized = True
+
+    def step(self, skip):
+        super().step(skip)
+        if self.autotuner is not None:
+            self.autotuner.step_done()
+
+    def average(self):
+        buckets = self.bucket_allreduce()
+        if buckets is not None:
+            buckets.finish([p.grad for p in reversed(self.opt.params)])
+            return
+        if not isinstance(self.opt.compression, Compressor):
+            self.average_with_compressor()
+            return
+        compression = self.opt.compression
+        grads = [p.grad for p in self.opt.params]
+        kernels = self.opt.params[0].kernels
+        if self.wire is None:
+            self.wire = [None if compression.wire_dtype(g.dtype) == g.dtype
+                         else kernels.empty(tuple(g.shape), compression.wire_dtype(g.dtype))
+                         for g in grads]
+        for g, w in zip(grads, self.wire):
+            if w is not None:
+                kernels.cast(w, g)
+        wire = [g if w is None else w for g, w in zip(grads, self.wire)]
+        self.grouped_allreduce(wire)
+        for g, w in zip(grads, self.wire):
+            if w is not None:
+                kernels.cast(g, w)
+
+    def average_with_compressor(self):
+        """A user's compressor (Horovod's protocol): compress each gradient, average the wire
+        arrays (fused), decompress into ``.grad``."""
+        compression = self.opt.compression
+        grads = [p.grad for p in self.opt.params]
+        kernels = self.opt.params[0].kernels
+        wire, contexts = [], []
+        for g in grads:
+            w, ctx = compression.compress(g)
+            if isinstance(w, np.ndarray) and not (w.flags.writeable and w.flags.c_contiguous):
+                w = np.array(w, order="C")   # averaged in place: needs its own writable copy
+            wire.append(w)
+            contexts.append(ctx)
+        self.grouped_allreduce(wire)
+        for name, g, w, ctx in zip(self.opt.names, grads, wire, contexts):
+            out = compression.decompress(w, ctx)
+            if tuple(out.shape) != tuple(g.shape):
+                raise ValueError(f"compression {compression!r}: decompress gave shape "
+                                 f"{tuple(out.shape)} for {name!r}, whose gradient has "
+                                 f"{tuple(g.shape)}")
+            if out is g:
+                continue
+            if isinstance(g, np.ndarray):
+                np.copyto(g, out, casting="unsafe")
+            else:
+                kernels.copy(g, out if out.dtype == g.dtype else out.astype(g.dtype))
+
+    def grouped_allreduce(self, arrays):
+        opt = self.opt
+        f = opt.gradient_predivide_factor
+        collectives.grouped_allreduce_(arrays, op=opt.op, name="DistributedOptimizer.gradients",
+                                       prescale_factor=1.0 / f, postscale_factor=f,
+                                       fusion_threshold_bytes=opt.fusion_threshold_bytes,
+                                       process_set=opt.process_set)

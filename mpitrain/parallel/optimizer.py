@@ -1,0 +1,199 @@
+"""DistributedOptimizer: the facade. It validates its arguments, picks one strategy at
+construction -- gradients.py (Horovod), weights.py (PNNL) or deterministic.py -- and delegates
+the backward hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes no MPI calls of its
+own. Its public surface is Horovod's (docs/byo_loop.md).
+"""
+import contextlib
+
+import numpy as np
+
+from mpitrain.comm import collectives
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
+from mpitrain.comm.process_sets import global_process_set
+from mpitrain.parallel.deterministic import DeterministicGradients, check_arguments
+from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
+                                         is_compressor)
+from mpitrain.parallel.weights import WeightAveraging, average_weights
+
+AVERAGE_MODES = ("gradients", "weights")
+
+
+class DistributedOptimizer:
+    """Wraps an optimizer so that N replicas stay one model (wraps, never subclasses).
+
+    ``average="gradients"`` (Horovod; gradients.py): ``step()`` = ``synchronize()`` -- every
+    ``.grad`` averaged across ranks -- then the inner optimizer's ``step()``. To clip between the
+    two, call ``synchronize()``, clip, then ``with opt.skip_synchronize(): opt.step()``.
+    ``average="weights"`` (PNNL; weights.py): every rank steps on its own gradients; every
+    ``average_every`` steps the parameters are averaged across ranks (optimizer state stays
+    per rank). ``deterministic=True`` (deterministic.py; gradients mode, no compression, a
+    power-of-two process set, ``backward_passes_per_step`` k a power of two): each of the k
+    passes runs on one micro-shard and is one leaf of a fixed tree summed across ranks in
+    ``step()``: the parameters are bitwise identical for every N with the same micro-shards.
+
+    ``op``: ``mt.Average`` or ``mt.Sum``; ``gradient_predivide_factor`` f divides gradients by f
+    before the sum and multiplies by f after it (Horovod's guard against fp16 overflow).
+    ``overlap`` (gradients mode): start each bucket's allreduce during backward -- pass
+    ``opt.backward_hook`` to ``model.backward`` -- and wait for them in ``synchronize()``.
+    ``fusion_threshold_bytes``: size limit of a bucket (0 = one allreduce per tensor); None
+    takes the settings' MPITRAIN_FUSION_THRESHOLD, once, here (default 4 MiB with overlap, else
+    64 MiB). With MPITRAIN_AUTOTUNE=1 (gradients mode, several ranks) ``autotuner``
+    (autotune.py) tries other thresholds and ring/MPI on the first steps and keeps the fastest.
+    ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
+
+    ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
+    whose gradients are summed locally (scale the loss by 1/k for their mean) and averaged once,
+    during the k-th pass. ``step()`` at another count raises ValueError (on every rank in
+    gradients mode, on each rank alone in weights mode) and drops the accumulated gradients.
+    ``with opt.no_sync():`` (PyTorch's idiom) passes inside add to the gradients without being
+    counted or averaged; the next pass outside averages them all.
+    """
+
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
+                 average_every=1, fusion_threshold_bytes=None, overlap=True,
+                 backward_passes_per_step=1,
+                 process_set=global_process_set, deterministic=False):
+        if op not in (collectives.Average, collectives.Sum):
+            raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
+        if average not in AVERAGE_MODES:
+            raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
+        for name, count in (("average_every", average_every),
+                            ("backward_passes_per_step", backward_passes_per_step)):
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+                raise ValueError(f"{name} {count!r}: expected an integer >= 1")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r}: "
+                             f"must be > 0")
+        if not is_compressor(compression):
+            raise ValueError(f"compression {compression!r}: expected mt.Compression.none, "
+                             f".fp16 or an object with compress(array) -> (array, ctx) and "
+                             f"decompress(array, ctx) -> array")
+        if average == "weights" and compression is not Compression.none:
+            raise ValueError(f"compression {compression!r} applies to gradients; "
+                             f"average='weights' sends full-precision weights")
+        if deterministic:
+            check_arguments(average, compression, gradient_predivide_factor,
+                            backward_passes_per_step, process_set)
+        self.overlap = bool(overlap)
+        self.process_set = process_set    # whose ranks average (others: ValueError at the step)
+        default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
+                   else DEFAULT_THRESHOLD_BYTES)
+        self.fusion_threshold_bytes = collectives.fusion_threshold(fusion_threshold_bytes, default)
+        self.optimizer = optimizer
+        self.names = _parameter_names(optimizer.params, named_parameters)
+        self.compression = compression
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.average = average
+        self.average_every = int(average_every)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.deterministic = bool(deterministic)
+        self.comm_time_s = 0.0
+        self._skip = False
+        # the one strategy, for the optimizer's life
+        if self.deterministic:
+            self.strategy = DeterministicGradients(self)
+        elif average == "weights":
+            self.strategy = WeightAveraging(self)
+        else:
+            self.strategy = GradientAveraging(self)
+
+    # -- the inner optimizer's surface --
+    @property
+    def params(self):
+        return self.optimizer.params
+
+    @property
+    def lr(self):
+        return self.optimizer.lr
+
+    @lr.setter
+    def lr(self, value):
+        self.optimizer.lr = value
+
+    @property
+    def autotuner(self):
+        """The MPITRAIN_AUTOTUNE=1 autotuner (autotune.py), or None."""
+        return getattr(self.strategy, "autotuner", None)
+
+    def zero_grad(self):
+        """Zero every gradient; a partial accumulation is dropped (counting starts again)."""
+        self.strategy.zero_grad()
+        self.optimizer.zero_grad()
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    # -- averaging --
+    def backward_hook(self, params):
+        """Start averaging these parameters' gradients now; pass it to backward as
+        ``model.backward(grad, on_layer_done=opt.backward_hook)``. With ``overlap=True`` their
+        buckets' allreduces start on the comm thread as soon as complete (gradients.py);
+        otherwise it only counts the pass (accumulation.py). Between this hook and ``step()``
+        the caller must make no MPI calls (the comm thread owns MPI)."""
+        self.strategy.hook(params)
+
+    def no_sync(self):
+        """``with opt.no_sync(): ...``: backward passes inside add to ``.grad`` locally, are not
+        counted towards ``backward_passes_per_step`` and start no average; the next pass
+        outside (with the hook) averages the sum of all of them (PyTorch DDP's idiom)."""
+        return self.strategy.no_sync()
+
+    def synchronize(self):
+        """Average every parameter's ``.grad`` across ranks, in place (gradients mode); then
+        check the count of backward passes (``backward_passes_per_step``)."""
+        self.strategy.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside this block does not synchronize (you already did)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def average_weights(self):
+        """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""
+        average_weights(self)
+
+    def set_fusion_threshold(self, threshold_bytes):
+        """Change the bucket size limit between steps, to the same value on every rank (the
+        autotuner does); the overlap plan is rebuilt and agreed at the next step."""
+        self.strategy.set_fusion_threshold(threshold_bytes)
+
+    def step(self):
+        self.strategy.step(self._skip)
+
+    def __repr__(self):
+        return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "
+                f"average_every={self.average_every}, compression={self.compression!r}, "
+                f"overlap={self.overlap}, "
+                f"backward_passes_per_step={self.backward_passes_per_step}"
+                + (", deterministic=True)" if self.deterministic else ")"))
+
+
+def _parameter_names(params, named_parameters):
+    """Names of ``params`` in optimizer order; ValueError on duplicate, missing or foreign names."""
+    if named_parameters is None:
+        return [f"param.{i}" for i in range(len(params))]
+    pairs = list(named_parameters)
+    by_id = {}
+    seen = set()
+    for name, p in pairs:
+        if name in seen:
+            raise ValueError(f"duplicate parameter name {name!r} in named_parameters")
+        seen.add(name)
+        by_id[id(p)] = name
+    missing = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if missing:
+        raise ValueError(f"optimizer parameters {missing} have no name in named_parameters")
+    if len(pairs) != len(params):
+        own = {id(p) for p in params}
+        extra = [name for name, p in pairs if id(p) not in own]
+        raise ValueError(f"named_parameters {extra} are not in the optimizer")
+    return [by_id[id(p)] for p in params]

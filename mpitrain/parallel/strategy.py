@@ -1,0 +1,75 @@
+"""What every averaging strategy of DistributedOptimizer shares: the count of backward passes
+(accumulation.py) and the step that synchronizes, then updates.
+
+A strategy is made once, by the facade (optimizer.py), from its validated arguments (``opt``);
+it owns ``synchronize``, ``step``, the backward hook and what ``zero_grad`` must undo, and
+reads the facade's settings (``params``, ``process_set``, ``fusion_threshold_bytes``, ``op``)
+and adds the seconds it spends averaging to ``opt.comm_time_s``.
+"""
+from mpitrain.comm.fusion import check_threshold
+from mpitrain.parallel.accumulation import PassCount
+
+
+class Strategy:
+    """Counts the passes; ``synchronize`` averages nothing (the strategies override it)."""
+
+    buckets = None      # the overlapping bucket allreduce, where a strategy has one
+
+    def __init__(self, opt):
+        self.opt = opt
+        self.synchronized = False
+        params = opt.params
+        n = len(params)
+        # submission slot of each parameter: the reverse of optimizer order, which for a
+        # Sequential is the order backward finishes them
+        self.slot = {id(p): n - 1 - i for i, p in enumerate(params)}
+        self.passes = PassCount(n, opt.backward_passes_per_step)
+
+    def bucket_allreduce(self):
+        """The overlapping bucket allreduce, or None where it does not apply."""
+        return None
+
+    def pending(self):
+        """True while bucket allreduces started by the hook have not finished."""
+        return self.buckets is not None and self.buckets.pending()
+
+    def hook(self, params):
+        buckets = self.bucket_allreduce()
+        for p in params:
+            slot = self.slot.get(id(p))
+            if slot is not None and self.passes.report(slot) and buckets is not None:
+                buckets.ready(slot, p.grad)
+
+    def no_sync(self):
+        return self.passes.no_sync()
+
+    def zero_grad(self):
+        if self.pending():
+            # averages already running (the k-th pass happened, no step): let them finish, as
+            # every rank's do, before the gradients they write into are zeroed
+            self.buckets.finish([p.grad for p in reversed(self.opt.params)])
+        self.passes.reset()
+        self.synchronized = False
+
+    def set_fusion_threshold(self, threshold_bytes):
+        """DistributedOptimizer.set_fusion_threshold: the bucket plan is rebuilt (and agreed)
+        when next used."""
+        if self.pending():
+            raise RuntimeError("set_fusion_threshold() while gradient allreduces are pending: "
+                               "call it between step() and the next backward")
+        self.opt.fusion_threshold_bytes = check_threshold(threshold_bytes)
+        self.buckets = None
+
+    def synchronize(self):
+        pass
+
+    def step(self, skip):
+        """Synchronize (unless ``skip`` or done already), then the inner optimizer's step."""
+        if skip and self.pending():
+            # The comm thread may still be reducing these gradients (and owns MPI).
+            raise RuntimeError("step() inside skip_synchronize() while backward_hook's "
+                               "allreduces are pending: call opt.synchronize() first")
+        if not (skip or self.synchronized):
+            self.synchronize()
+        self.opt.optimizer.step()
+        self.synchronized = False
