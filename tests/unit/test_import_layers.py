@@ -130,3 +130,43 @@ def test_the_comm_layer_has_the_documented_order():
     upward = [f"{m} imports {d}" for m in rank for d in GRAPH[m] if d in rank
               and rank[d] >= rank[m]]
     assert upward == []
+
+
+# The whole package, bottom to top: each module imports only from its own layer and the ones
+# below (docs/architecture.md, "Layers"). Top-level modules of mpitrain/ belong to the layer
+# their job puts them in; the package itself (mpitrain/__init__.py) and the CLI are the top.
+LAYERS = ("kernels", "runtime", "comm", "model", "parallel", "train")
+_TOP_LEVEL = {"threads": "runtime", "atomic": "runtime", "timeline": "runtime",
+              "evaluation": "parallel", "autotune": "parallel"}
+_FOLDERS = {"kernels": "kernels", "runtime": "runtime", "comm": "comm", "nn": "model",
+            "optim": "model", "data": "model", "parallel": "parallel"}
+# Model-layer modules that still reach comm (lazily): to move up, not to grow.
+MODEL_USES_OF_COMM = {"mpitrain.nn.sync_batchnorm", "mpitrain.data.sampler"}
+
+
+def layer_of(module):
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "train"
+    return _FOLDERS.get(parts[1]) or _TOP_LEVEL.get(parts[1], "train")
+
+
+def test_every_module_imports_only_its_layer_and_below():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = [f"{m} ({layer_of(m)}) imports {d} ({layer_of(d)})"
+              for m in sorted(GRAPH) for d in sorted(GRAPH[m])
+              if rank[layer_of(d)] > rank[layer_of(m)]]
+    assert upward == []
+
+
+def test_only_the_known_model_modules_use_comm():
+    users = {m for m in GRAPH if layer_of(m) == "model"
+             and any(layer_of(d) == "comm" for d in GRAPH[m])}
+    assert users == MODEL_USES_OF_COMM
+
+
+def test_the_layer_map_knows_every_top_level_module():
+    tops = {m.split(".")[1] for m in MODULES if m.count(".") == 1}
+    training_side = {"train", "cli", "config", "checkpoint", "metric", "tracing", "__main__"}
+    unplaced = tops - set(_TOP_LEVEL) - set(_FOLDERS) - training_side
+    assert unplaced == set()
