@@ -48,11 +48,14 @@ def build_parser():
         kind = cfg.field_type(f)
         help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
             off = f.metadata.get("off_flag")
-            if off:  # the default spelled out, e.g. --no-decay-bn-bias (the last flag wins)
-                parser.add_argument("--" + off.replace("_", "-"), dest=f.name,
-                                    action="store_false", help=f"undo {flag} (the default)")
+            on_help = f"the default: {help_text}" if f.default else help_text
+            parser.add_argument(flag, dest=f.name, action="store_true", help=on_help)
+            if off:  # e.g. --no-progress; the last of the two flags wins
+                off_flag = "--" + off.replace("_", "-")
+                parser.add_argument(off_flag, dest=f.name, action="store_false",
+                                    help=f"turn {flag} off [env {cfg.env_name(off)}=1]"
+                                    if f.default else f"undo {flag} (the default)")
         else:
             default = f.default if f.default is not None else "-"
             if isinstance(default, tuple):

@@ -37,7 +37,8 @@ class UsageError(ValueError):
 
 
 def _opt(default, help, choices=None, flag_type=None, off_flag=None):
-    """A field; ``off_flag`` names a second bool flag that sets it back to False."""
+    """A field; ``off_flag`` names a second bool flag that sets it to False (its variable
+    MPITRAIN_<OFF_FLAG> is read too, inverted, when MPITRAIN_<FIELD> is unset)."""
     return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type,
                                             "off_flag": off_flag})
 
@@ -131,8 +132,9 @@ class Config:
     fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
                                                        "allreduce per tensor; default 4 MiB "
                                                        "with overlap, 64 MiB without)")
-    no_overlap: bool = _opt(False, "average gradients after backward instead of overlapping "
-                                   "each bucket's allreduce with the rest of backward")
+    overlap: bool = _opt(True, "overlap each gradient bucket's allreduce with the rest of "
+                               "backward (--no-overlap: average after backward)",
+                         off_flag="no_overlap")
     seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
     device: str = _opt("cpu", "where the model runs", choices=("cpu", "cuda"))
     kernels: Optional[str] = _opt(None, "kernel flavour (default: numba on cpu, cupy on cuda)",
@@ -149,8 +151,9 @@ class Config:
     keep_checkpoints: int = _opt(3, "checkpoints kept in --checkpoint-dir: the newest K (0 = all)")
     save: Optional[str] = _opt(None, "write the final parameters to this .npz (keys: names)")
     metrics_json: Optional[str] = _opt(None, "append JSON-lines metrics to this file (rank 0)")
-    no_progress: bool = _opt(False, "no progress bar (there is none when stderr is not a "
-                                    "terminal: a log gets the evaluation lines only)")
+    progress: bool = _opt(True, "a progress bar on rank 0 when stderr is a terminal (a log "
+                                "gets the evaluation lines only; --no-progress: none)",
+                          off_flag="no_progress")
     eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
     dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
                                "(0 = none)")
@@ -343,6 +346,9 @@ def _from_env(f, default, environ):
     if f.metadata.get("choices"):
         return env.choice(name, default, f.metadata["choices"], environ)
     if kind is bool:
+        off = f.metadata.get("off_flag")
+        if off and env.text(name, None, environ) is None:       # e.g. MPITRAIN_NO_PROGRESS=1
+            return not env.flag(env_name(off), not default, environ)
         return env.flag(name, default, environ)
     if kind is int:
         return env.integer(name, default, environ=environ)
@@ -356,4 +362,5 @@ def fields():
     return dataclasses.fields(Config)
 
 
-env.declare(*(env_name(f.name) for f in fields()))
+env.declare(*(env_name(f.name) for f in fields()),
+            *(env_name(f.metadata["off_flag"]) for f in fields() if f.metadata.get("off_flag")))

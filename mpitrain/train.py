@@ -178,7 +178,7 @@ def _build_optimizer(config, model, lr):
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
                                 fusion_threshold_bytes=config.fusion_threshold_bytes,
-                                overlap=not config.no_overlap,
+                                overlap=config.overlap,
                                 backward_passes_per_step=passes, **exact)
 
 
@@ -370,7 +370,7 @@ class Trainer:
         config = self.config
         log_every = max(1, self.steps_per_epoch() // LOG_RECORDS_PER_EPOCH)
         bar = None
-        if self.rank == 0 and not config.no_progress and sys.stderr.isatty():
+        if self.rank == 0 and config.progress and sys.stderr.isatty():
             from tqdm import tqdm
             bar = tqdm(total=self.remaining_steps(), unit="step", dynamic_ncols=True,
                        file=sys.stderr, desc=f"epoch {self.epoch + 1}")

@@ -29,7 +29,7 @@ class Records:
 
 def trainer(steps, **config):
     config = Config(dataset="synthetic", synthetic_samples=96, hidden=(8,), batch_size=8,
-                    steps=steps, eval_every=4, no_progress=True, seed=1, **config)
+                    steps=steps, eval_every=4, progress=False, seed=1, **config)
     train_set = mt.data.synthetic(96, (1, 28, 28), seed=1)
     test_set = mt.data.synthetic(24, (1, 28, 28), seed=2)
     model = mt.models.get("mlp", seed=1, in_features=784, hidden=(8,), classes=10)

@@ -51,7 +51,19 @@ def test_parses_every_kind_of_value():
     c = cli.parse(["--average", "weights", "--average-every", "3"], environ={})
     assert c.average == "weights" and c.average_every == 3
     assert cfg.from_env({"MPITRAIN_HIDDEN": "4"}).hidden == (4,)
-    assert cfg.from_env({"MPITRAIN_NO_PROGRESS": "0"}).no_progress is False
+    assert cfg.from_env({"MPITRAIN_NO_PROGRESS": "0"}).progress is True
+
+
+def test_positive_names_keep_their_old_flags_and_variables():
+    assert cli.parse([], environ={}).overlap is True
+    assert cli.parse(["--no-overlap"], environ={}).overlap is False
+    assert cli.parse(["--no-overlap", "--overlap"], environ={}).overlap is True   # last wins
+    assert cli.parse(["--no-progress"], environ={}).progress is False
+    assert cfg.from_env({"MPITRAIN_NO_OVERLAP": "1"}).overlap is False
+    assert cfg.from_env({"MPITRAIN_OVERLAP": "off"}).overlap is False
+    # the field's own variable wins over the old name
+    assert cfg.from_env({"MPITRAIN_PROGRESS": "1", "MPITRAIN_NO_PROGRESS": "1"}).progress is True
+    assert cfg.from_env({"MPITRAIN_NO_DECAY_BN_BIAS": "0"}).decay_bn_bias is True
 
 
 @pytest.mark.parametrize("argv, needle", [

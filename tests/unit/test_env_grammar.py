@@ -68,6 +68,9 @@ def _config_table():
 
 
 CONFIG = _config_table()
+# a flag's "off" twin (--no-progress) has its variable too: MPITRAIN_NO_PROGRESS=1 is progress off
+OFF = {cfg.env_name(f.metadata["off_flag"]): f.name for f in cfg.fields()
+       if f.metadata.get("off_flag")}
 OTHER = ("MPITRAIN_DATA",)         # the data layer's older name of MPITRAIN_DATA_DIR
 BOOLEANS = [name for name, (_, _, value) in {**COMM, **CONFIG}.items()
             if isinstance(value, bool)]
@@ -85,7 +88,13 @@ def _mixed_case(word):
 
 
 def test_the_table_covers_every_declared_variable():
-    assert sorted({*COMM, *CONFIG, *OTHER}) == env.known()
+    assert sorted({*COMM, *CONFIG, *OFF, *OTHER}) == env.known()
+
+
+@pytest.mark.parametrize("word", sorted(WORDS))
+@pytest.mark.parametrize("name", sorted(OFF))
+def test_an_off_flag_variable_reads_inverted(name, word):
+    assert getattr(cfg.from_env({name: word}), OFF[name]) is (not WORDS[word])
 
 
 @pytest.mark.parametrize("name", sorted(COMM))
@@ -124,7 +133,7 @@ def test_every_boolean_spelling(name, word):
         assert getattr(read({name: text}), field) is WORDS[word]
 
 
-@pytest.mark.parametrize("name", sorted({*COMM, *CONFIG} - TEXT))     # text: any value is good
+@pytest.mark.parametrize("name", sorted({*COMM, *CONFIG, *OFF} - TEXT))   # text: any is good
 def test_garbage_is_one_line_naming_the_variable_and_the_value(name):
     with pytest.raises(ValueError) as info:
         _read_all({name: "garbage"})
@@ -170,7 +179,7 @@ def test_the_readme_lists_each_variable_once():
     rows = [line.split(" | ")[0] for line in section[:section.index("\n## ", 1)].splitlines()
             if line.startswith("| `MPITRAIN_")]
     listed = re.findall(r"`(MPITRAIN_[A-Z_<>]+)`", "\n".join(rows))
-    flags_only = set(CONFIG) - {"MPITRAIN_THREADS", "MPITRAIN_DATA_DIR"}
+    flags_only = {*CONFIG, *OFF} - {"MPITRAIN_THREADS", "MPITRAIN_DATA_DIR"}
     assert sorted(listed) == sorted({*env.known(), "MPITRAIN_<FLAG>"} - flags_only)
 
 
