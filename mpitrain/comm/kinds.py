@@ -25,6 +25,13 @@ MPI) that a joined rank holds no buffer for.
 """
 import enum
 
+if hasattr(enum, "StrEnum"):             # Python 3.11 on
+    _StrEnum = enum.StrEnum
+else:                                    # Python 3.10: the same behaviour spelled out
+    class _StrEnum(str, enum.Enum):
+        __str__ = str.__str__
+        __format__ = str.__format__
+
 
 class Joined(enum.Enum):
     """What a rank that has joined does when the active ranks start a collective of a kind."""
@@ -35,7 +42,7 @@ class Joined(enum.Enum):
     JOIN = "the join itself: the rank joins too"
 
 
-class Kind(enum.StrEnum):
+class Kind(_StrEnum):
     """A collective kind: its name (the member's value) and its ``joined`` behaviour.
 
     In-place forms (a trailing underscore) and a bucket of the gradient buckets name handles and
