@@ -343,6 +343,7 @@ def _raw_kernel(source, kernel_name, dtype):
 
 
 def _launch_rows(source, kernel_name, dtype, rows, args):
+    """``rows`` threads in blocks of 128 (none when ``rows`` is 0)."""
     if rows:
         threads = 128
         _raw_kernel(source, kernel_name, dtype)(((rows + threads - 1) // threads,), (threads,),
@@ -601,6 +602,8 @@ _GRID_MAX = 65535                        # gridDim.y and .z; the kernels loop ov
 
 
 def _launch_planes(source, kernel_name, dtype, pixels, rows, images, args):
+    """A grid of ``pixels`` threads in blocks of 128, by ``rows``, by ``images`` (the kernel
+    loops over what exceeds _GRID_MAX)."""
     threads = 128
     grid = ((pixels + threads - 1) // threads, min(rows, _GRID_MAX), min(images, _GRID_MAX))
     _raw_kernel(source, kernel_name, dtype)(grid, (threads,), args)
@@ -1084,22 +1087,19 @@ def _channel_sums(stats, x3, grad=None, mean=None, invstd=None):
                                            for a in (grad, mean, invstd)):
         raise ValueError(f"BatchNorm sums: stats must be C-contiguous and grad, mean and invstd "
                          f"{dtype} like x")
-    kernel = lambda name: _raw_kernel(_CHANNEL_SUMS_SRC, name, dtype)  # noqa: E731
     if not n * c * l:
         stats.fill(0)
         return
     part = cp.empty((2, n, c, runs), np.float64)
-    threads = 128
-    kernel("mpitrain_channel_runs")(
-        ((runs + threads - 1) // threads, min(c, _GRID_MAX), min(n, _GRID_MAX)), (threads,),
-        (x3, x3 if grad is None else grad, x3 if mean is None else mean,
-         x3 if invstd is None else invstd, part, np.int32(n), np.int32(c), np.int32(l),
-         np.int32(runs), np.int32(grad is not None)))
+    _launch_planes(_CHANNEL_SUMS_SRC, "mpitrain_channel_runs", dtype, runs, c, n,
+                   (x3, x3 if grad is None else grad, x3 if mean is None else mean,
+                    x3 if invstd is None else invstd, part, np.int32(n), np.int32(c),
+                    np.int32(l), np.int32(runs), np.int32(grad is not None)))
     runs_sum = cp.empty((2, c * runs), np.float64)
-    kernel("mpitrain_sum_images")(((2 * c * runs + threads - 1) // threads,), (threads,),
-                                  (part, runs_sum, np.int32(n), np.int32(c * runs)))
-    kernel("mpitrain_sum_runs")(((2 * c + threads - 1) // threads,), (threads,),
-                                (runs_sum, stats, np.int32(c), np.int32(runs)))
+    _launch_rows(_CHANNEL_SUMS_SRC, "mpitrain_sum_images", dtype, 2 * c * runs,
+                 (part, runs_sum, np.int32(n), np.int32(c * runs)))
+    _launch_rows(_CHANNEL_SUMS_SRC, "mpitrain_sum_runs", dtype, 2 * c,
+                 (runs_sum, stats, np.int32(c), np.int32(runs)))
 
 
 def bn_stats(x, stats):

@@ -180,14 +180,11 @@ def select_device(local_rank=None, flavour=None):
         raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
     rank = world.local_rank() if local_rank is None else int(local_rank)
     dev = rank % count
+    cupy = None
     if flavour != "numba" and ("cupy" in sys.modules
                                or importlib.util.find_spec("cupy") is not None):
         import cupy
-        cupy.cuda.Device(dev).use()
-    from numba import cuda
-    if cuda.is_available():
-        cuda.select_device(dev)
-    _this_thread.device = dev
+    _make_current(dev, cupy)
     state["device"] = dev
     return dev
 
@@ -200,9 +197,12 @@ def _bind_thread():
     CuPy and Numba keep it per thread, and a thread that never chose one (the comm thread) runs
     on GPU 0. CuPy is bound only if loaded (select_device loads it unless the flavour is numba)."""
     dev = world.current().device.get("device")
-    if dev is None or getattr(_this_thread, "device", None) == dev:
-        return
-    cupy = sys.modules.get("cupy")
+    if dev is not None and getattr(_this_thread, "device", None) != dev:
+        _make_current(dev, sys.modules.get("cupy"))
+
+
+def _make_current(dev, cupy):
+    """GPU ``dev`` current on the calling thread for Numba and, unless ``cupy`` is None, CuPy."""
     if cupy is not None:
         cupy.cuda.Device(dev).use()
     from numba import cuda
