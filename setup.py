@@ -27,5 +27,5 @@ setup(
         "cuda": ["cupy-cuda12x"],
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis"],
     },
-    entry_points={"console_scripts": ["mpitrain=mpitrain.cli:main"]},
+    entry_points={"console_scripts": ["mpitrain=mpitrain.train.cli:main"]},
 )

@@ -17,7 +17,7 @@ import numpy as np
 
 import benchutil
 import mpitrain as mt
-from mpitrain import threads
+from mpitrain.runtime import threads
 
 
 def parse_args(argv=None):

@@ -15,7 +15,7 @@ process (ours, then PyTorch's with --torch) and reports its peak resident set si
 
 Threads (default 1, the one-thread-per-rank setting) are fixed before NumPy loads, through the
 OpenBLAS/OpenMP/MKL environment variables, then given out as the trainer gives them
-(``mpitrain.threads.configure``: BLAS and the convolution's gathered path n, Numba one).
+(``mpitrain.runtime.threads.configure``: BLAS and the convolution's gathered path n, Numba one).
 """
 import argparse
 import functools
@@ -258,7 +258,9 @@ def rss_child(args):
     else:
         import numpy as np
 
-        from mpitrain import kernels as registry, threads
+        from mpitrain import kernels as registry
+
+        from mpitrain.runtime import threads
         threads.configure(args.threads)
         k = registry.get(args.device, args.kernels)
         parts = mpitrain_step(name, args, k, np.random.default_rng(0))
@@ -301,7 +303,9 @@ def main(argv=None):
         sys.exit(2)
     import numpy as np
 
-    from mpitrain import kernels as registry, threads
+    from mpitrain import kernels as registry
+
+    from mpitrain.runtime import threads
 
     threads.configure(args.threads)
     k = registry.get(args.device, args.kernels)

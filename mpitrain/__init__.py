@@ -33,26 +33,20 @@ _source_tree_kernels()
 
 # Collectives (mpitrain/comm): init, rank/size, allreduce, ..., CollectiveError; non-blocking
 # forms (comm/handles.py), process sets, uneven data (comm/join.py) and what can run here
-# (Horovod's build booleans: comm/build_info.py).
-from mpitrain.comm.abort import install_abort_hook
-from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
-                                      nccl_built)
-from mpitrain.comm.check import CollectiveError
-from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
-                                       allgather_async, allgather_object, allreduce, allreduce_,
-                                       allreduce_async, allreduce_async_, alltoall,
-                                       alltoall_async, barrier, broadcast, broadcast_,
-                                       broadcast_async, broadcast_async_, broadcast_object,
-                                       grouped_allreduce, grouped_allreduce_,
-                                       grouped_allreduce_async, grouped_allreduce_async_,
-                                       reducescatter, reducescatter_async)
-from mpitrain.comm.handles import Handle, poll, synchronize
-from mpitrain.comm.join import join
-from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                        process_sets, remove_process_set)
-from mpitrain.comm.settings import CommSettings
-from mpitrain.comm.world import (cross_rank, cross_size, init, is_initialized, local_rank,
-                                 local_size, rank, shutdown, size)
+# (Horovod's build booleans: comm/build_info.py), the timeline switched on and off at run time
+# (comm/tracing.py; --timeline does a whole CLI run).
+from mpitrain.comm import (Average, CollectiveError, CommSettings, Handle, Max, Min, Product,
+                           ProcessSet, ReduceOp, Sum, add_process_set, allgather, allgather_async,
+                           allgather_object, allreduce, allreduce_, allreduce_async,
+                           allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                           broadcast_, broadcast_async, broadcast_async_, broadcast_object,
+                           cross_rank, cross_size, cuda_built, global_process_set,
+                           grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                           grouped_allreduce_async_, init, install_abort_hook, is_homogeneous,
+                           is_initialized, join, local_rank, local_size, mpi_built,
+                           mpi_threads_supported, nccl_built, poll, process_sets, rank,
+                           reducescatter, reducescatter_async, remove_process_set, shutdown, size,
+                           start_timeline, stop_timeline, synchronize)
 
 # Training (parallel/): parameter/optimizer-state broadcast, the optimizer wrapper,
 # compression.
@@ -60,14 +54,11 @@ from mpitrain.parallel.broadcast import broadcast_optimizer_state, broadcast_par
 from mpitrain.parallel.gradients import Compression
 from mpitrain.parallel.optimizer import DistributedOptimizer
 # Checkpoints for your own loop: mt.checkpoint.save / load_latest (collective, rank 0 writes).
-from mpitrain import checkpoint
+from mpitrain.train import checkpoint
 
 # Evaluation (evaluation.py): every test sample scored once, counts summed across ranks.
-from mpitrain.evaluation import evaluate
-from mpitrain.metric import Metric
-
-# The timeline switched on and off at run time (tracing.py; --timeline does a whole CLI run).
-from mpitrain.tracing import start_timeline, stop_timeline
+from mpitrain.parallel.evaluation import evaluate
+from mpitrain.parallel.metric import Metric
 
 # Model side (no MPI inside): layers, models, optimizers, datasets.
 from mpitrain import data, nn, optim

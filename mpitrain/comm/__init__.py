@@ -1,43 +1,88 @@
-"""Collectives over MPI. mpitrain/__init__.py exports the public names (its ``__all__``: the one
-list); docs/architecture.md draws the layers.
+"""Collectives over MPI. This file is the comm layer's one door: code outside mpitrain/comm/ imports
+the names below and nothing past them (tests/unit/test_import_layers.py). mpitrain/__init__.py
+re-exports the public ones (its ``__all__``); docs/architecture.md draws the layers.
 
 Bottom to top (each module imports only those before it): abort, watchdog, settings,
 kinds (every collective kind, with what a rank that has joined does: no imports), check,
 handles (the comm thread of non-blocking collectives), world (init/shutdown and the
 per-communicator World), process_sets, build_info (what can run here), ops, ring, tree,
 hierarchical, buckets, fusion, engine, host, overlap, device, collectives (the public API: host
-or device, chosen in one place), join (a rank out of data serving the others).
+or device, chosen in one place), join (a rank out of data serving the others), tracing
+(``mt.start_timeline`` / ``mt.stop_timeline``).
 """
+from mpitrain.comm.abort import exit_now, install_abort_hook
+from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
+                                      nccl_built)
+from mpitrain.comm.check import CollectiveError, format_groups, group
+from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
+                                       allgather_async, allgather_object, allreduce, allreduce_,
+                                       allreduce_async, allreduce_async_, alltoall,
+                                       alltoall_async, barrier, broadcast, broadcast_,
+                                       broadcast_async, broadcast_async_, broadcast_object,
+                                       fusion_threshold, grouped_allreduce, grouped_allreduce_,
+                                       grouped_allreduce_async, grouped_allreduce_async_,
+                                       reducescatter, reducescatter_async)
+from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.handles import Handle, poll, synchronize
+from mpitrain.comm.handles import ordered as run_ordered
+from mpitrain.comm.join import join
+from mpitrain.comm.ops import on_device
+from mpitrain.comm.overlap import BucketAllreduce
+from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                        process_sets, remove_process_set, world_of)
+from mpitrain.comm.settings import CommSettings, fusion_threshold_from_env
+from mpitrain.comm.tracing import start_timeline, stop_timeline
+from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
+from mpitrain.comm.world import (comm, cross_rank, cross_size, init, is_initialized, local_rank,
+                                 local_size, rank, shutdown, size)
 
+
+__all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgather_object",
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allreduce_flat",
+           "alltoall", "alltoall_async", "Average", "barrier", "broadcast", "broadcast_",
+           "broadcast_async", "broadcast_async_", "broadcast_object", "bucket_allreduce",
+           "BucketAllreduce", "check_threshold", "CollectiveError", "comm", "CommSettings",
+           "cross_rank", "cross_size", "cuda_built", "DEFAULT_THRESHOLD_BYTES", "exit_now",
+           "format_groups", "fusion_threshold", "fusion_threshold_from_env", "global_process_set",
+           "group", "group_size", "grouped_allreduce", "grouped_allreduce_",
+           "grouped_allreduce_async", "grouped_allreduce_async_", "Handle", "init",
+           "install_abort_hook", "is_homogeneous", "is_initialized", "is_power_of_two", "join",
+           "local_rank", "local_size", "Max", "Min", "mpi_built", "mpi_threads_supported",
+           "nccl_built", "on_device", "PairwiseSum", "poll", "process_sets", "ProcessSet",
+           "Product", "rank", "ReduceOp", "reducescatter", "reducescatter_async",
+           "remove_process_set", "run_ordered", "select_device", "shutdown", "size",
+           "start_timeline", "stop_timeline", "Sum", "synchronize", "tree_allreduce",
+           "tree_allreduce_", "world_of"]
+
+
+def select_device(flavour=None):
+    """Bind this process to its GPU (comm/device.py; imported only when a GPU is asked for)."""
+    from mpitrain.comm.device import select_device as select
+    return select(flavour=flavour)
 
 # What the layer above (mpitrain/parallel) needs beyond the collectives: the cross-rank agreement
-# of a step, the fixed-tree sum and the bucketed allreduce that overlaps backward. Imported
-# lazily, so that importing any comm module stays as cheap as it was.
+# of a step, the fixed-tree sum and the bucketed allreduce that overlaps backward.
 
 def agree(process_set, kind, fields, error=None, ordered=False, who="DistributedOptimizer"):
     """Check that every rank of ``process_set`` calls ``kind`` with the same ``fields`` (dict),
     raising on every rank: CollectiveError on a difference, ValueError when a rank has an
     ``error``. ``ordered``: behind whatever collectives are in flight (on the comm thread).
     ``who`` names the caller when this rank is not in ``process_set`` (ValueError)."""
-    from mpitrain.comm import handles
-    from mpitrain.comm.process_sets import world_of
     agreement = world_of(process_set, who).agreement
     if ordered:
-        return handles.ordered(agreement, kind, fields, error)
+        return run_ordered(agreement, kind, fields, error)
     return agreement(kind, fields, error=error)
 
 
 def group_size(process_set, who="DistributedOptimizer"):
     """The number of ranks in ``process_set`` (ValueError, naming ``who``, from outside it)."""
-    from mpitrain.comm.process_sets import world_of
     return world_of(process_set, who).size
 
 
 def tree_allreduce_(array, add, scratch, process_set, who="DistributedOptimizer"):
     """Sum the contiguous 1-D host ``array`` in place over ``process_set`` in the fixed binary
     tree (comm/tree.py): the same additions in the same order for any power-of-two size."""
-    from mpitrain.comm.process_sets import world_of
-    from mpitrain.comm.tree import tree_allreduce
     tree_allreduce(world_of(process_set, who).ring, array, add, scratch)
 
 
@@ -46,9 +91,6 @@ def bucket_allreduce(process_set, layout, threshold_bytes, op, prescale, postsca
     """A comm/overlap.py BucketAllreduce over ``process_set``: ``layout`` [(shape, dtype)] in
     submission order, fused into buckets of ``threshold_bytes``, each allreduced (``op``,
     ``prescale``, ``postscale``) on the comm thread as soon as its arrays are ready."""
-    from mpitrain.comm.engine import allreduce_flat
-    from mpitrain.comm.overlap import BucketAllreduce
-    from mpitrain.comm.process_sets import world_of
     state = world_of(process_set, who)
     return BucketAllreduce(
         layout, threshold_bytes, lambda flat: allreduce_flat(state, flat, op, prescale, postscale),

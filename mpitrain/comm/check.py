@@ -29,16 +29,13 @@ import numpy as np
 
 from mpitrain.comm import kinds, watchdog
 from mpitrain.comm.kinds import Kind, as_kind
+from mpitrain.runtime.errors import CollectiveError
 
 HEADER_BYTES = 16
 INLINE_BYTES = 4096     # payload carried with the check: small allreduces finish in this message
 _MASK = (1 << 62) - 1
 JOINED = 1 << 62        # sent instead of a fingerprint by a joined rank: never a fingerprint
 _ROW = (HEADER_BYTES + INLINE_BYTES) // 8
-
-
-class CollectiveError(RuntimeError):
-    """Ranks called a collective with arguments that do not match; raised on every rank."""
 
 
 class Agreement:

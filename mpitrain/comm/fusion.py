@@ -17,7 +17,7 @@ bucket, so never above the threshold) is reused by every bucket and every call.
 import numpy as np
 
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
-from mpitrain.comm.handles import current_timeline
+from mpitrain.timeline import current as current_timeline
 
 DEFAULT_THRESHOLD_BYTES = 64 * 1024 * 1024
 

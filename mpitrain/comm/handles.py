@@ -38,6 +38,7 @@ import threading
 from mpi4py import MPI
 
 from mpitrain.comm.kinds import Kind, as_kind
+from mpitrain.timeline import current as current_timeline
 
 _executor = None
 _lock = threading.Lock()
@@ -161,11 +162,3 @@ def _check(handle):
         raise ValueError(f"expected a handle returned by an mt.*_async call, got "
                          f"{type(handle).__name__}")
     return handle
-
-
-def current_timeline():
-    """The active timeline (mpitrain.timeline), for the comm layer's spans (here, fusion.py,
-    overlap.py). Imported late: `python -m mpitrain.timeline` must not find the module already
-    loaded."""
-    from mpitrain import timeline
-    return timeline.current()

@@ -37,7 +37,8 @@ import numpy as np
 
 from mpitrain.comm import check, handles, world
 from mpitrain.comm.buckets import SOLO_BYTES, plan_buckets
-from mpitrain.comm.handles import comm_thread_available, current_timeline
+from mpitrain.comm.handles import comm_thread_available
+from mpitrain.timeline import current as current_timeline
 from mpitrain.comm.kinds import Kind
 from mpitrain.kernels import cpu
 

@@ -22,7 +22,7 @@ import threading
 
 from mpi4py import MPI
 
-from mpitrain import threads as thread_budget
+from mpitrain.runtime import threads as thread_budget
 from mpitrain.comm import abort, check, handles, watchdog
 from mpitrain.comm.settings import NODE_SIZE_NAMES, VARIABLES, CommSettings
 from mpitrain.runtime import env

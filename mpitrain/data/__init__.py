@@ -14,7 +14,8 @@ indices. All failures are DataError (a ValueError): one line naming the file and
 """
 from mpitrain.data.augment import AUGMENTATIONS, Augment, default_crop_padding
 from mpitrain.data.catalog import SPECS
-from mpitrain.data.dataset import DataError, Dataset
+from mpitrain.data.dataset import Dataset
+from mpitrain.runtime.errors import DataError
 from mpitrain.data.loader import load
 from mpitrain.data.locate import locate
 from mpitrain.data.normalize import NORMALIZATIONS, channel_stats, standardize

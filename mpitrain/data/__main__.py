@@ -17,7 +17,7 @@ import sys
 
 from mpitrain.data.catalog import SPECS, spec as _spec
 from mpitrain.data.cifar import RECORD_BYTES
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError
 from mpitrain.data.fetch import fetch
 from mpitrain.data.idx import read_idx_header
 from mpitrain.data.locate import dataset_files, locate

@@ -20,7 +20,7 @@ Normalisation constants are the mean/std of the training split's pixels scaled t
 """
 from dataclasses import dataclass, field
 
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError
 
 __all__ = ["Source", "Spec", "SPECS", "spec", "check_split"]
 

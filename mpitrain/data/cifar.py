@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError
 
 __all__ = ["RECORD_BYTES", "read_cifar_batch", "read_cifar_batches"]
 

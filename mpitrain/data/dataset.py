@@ -11,11 +11,9 @@ keep train and test on the same scale and every rank bitwise identical.
 """
 import numpy as np
 
+from mpitrain.runtime.errors import DataError
+
 __all__ = ["DataError", "Dataset"]
-
-
-class DataError(ValueError):
-    """Missing, corrupt or mismatched data: one line naming the file/dir and what is wrong."""
 
 
 class Dataset:

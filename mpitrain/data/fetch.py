@@ -25,10 +25,10 @@ import shutil
 import tarfile
 import urllib.request
 
-from mpitrain import atomic
+from mpitrain.runtime import atomic
 from mpitrain.data.catalog import spec as _spec
 from mpitrain.data.cifar import RECORD_BYTES
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError, FetchOffline
 from mpitrain.data.locate import home_dir, locate, where_to_put
 
 __all__ = ["fetch", "FetchOffline", "sha256_file"]
@@ -36,10 +36,6 @@ __all__ = ["fetch", "FetchOffline", "sha256_file"]
 TIMEOUT_S = 60
 CHUNK_BYTES = 1 << 20
 urlopen = urllib.request.urlopen        # module attribute so tests can substitute an opener
-
-
-class FetchOffline(DataError):
-    """No source of a file could be reached (no network, host down, HTTP error)."""
 
 
 class _Mismatch(Exception):

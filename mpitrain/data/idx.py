@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError
 
 __all__ = ["read_idx", "read_idx_header", "read_images_labels"]
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from mpitrain.data.catalog import check_split, spec as _spec
 from mpitrain.data.cifar import read_cifar_batches
-from mpitrain.data.dataset import DataError, Dataset
+from mpitrain.data.dataset import Dataset
+from mpitrain.runtime.errors import DataError
 from mpitrain.data.idx import read_images_labels
 from mpitrain.data.locate import dataset_files, locate
 

@@ -22,7 +22,7 @@ import shlex
 from pathlib import Path
 
 from mpitrain.data.catalog import spec as _spec
-from mpitrain.data.dataset import DataError
+from mpitrain.runtime.errors import DataError
 from mpitrain.runtime import env
 
 __all__ = ["locate", "search_dirs", "dataset_files", "cache_root", "home_dir", "given_root",

@@ -15,7 +15,8 @@ standardised by the recomputed statistics, up to float32 rounding.
 """
 import numpy as np
 
-from mpitrain.data.dataset import DataError, Dataset
+from mpitrain.data.dataset import Dataset
+from mpitrain.runtime.errors import DataError
 
 __all__ = ["channel_stats", "standardize", "NORMALIZATIONS"]
 

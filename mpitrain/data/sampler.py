@@ -73,13 +73,13 @@ class DistributedSampler:
 
     def _agree(self):
         """Raise CollectiveError on every rank if the ranks describe different epochs."""
-        from mpitrain.comm import check, collectives, world
-        if not world.is_initialized():
+        from mpitrain import comm
+        if not comm.is_initialized():
             return
         mine = {"dataset length": self.n, "batch_size": self.batch_size,
                 "num_replicas": self.num_replicas, "seed": self.seed,
                 "shuffle": bool(self.shuffle), "drop_last": bool(self.drop_last)}
-        every = collectives.allgather_object((mine, self.rank))
+        every = comm.allgather_object((mine, self.rank))
         problems = [f"{key} differs across ranks ("
                     + ", ".join(f"rank {r}: {d[key]}" for r, (d, _) in enumerate(every)) + ")"
                     for key in mine if len({d[key] for d, _ in every}) > 1]
@@ -87,7 +87,7 @@ class DistributedSampler:
         if not problems and self.num_replicas == len(every) and len(set(ranks)) != len(ranks):
             problems.append(f"two ranks passed the same rank= (ranks given: {ranks})")
         if problems:
-            raise check.CollectiveError("DistributedSampler: " + "; ".join(problems))
+            raise comm.CollectiveError("DistributedSampler: " + "; ".join(problems))
 
     @property
     def global_batch(self):
@@ -166,9 +166,9 @@ def _length_and_place(dataset, num_replicas, rank):
     """(dataset length, replicas, this rank), the last two defaulting to mpitrain's world."""
     n = dataset if isinstance(dataset, (int, np.integer)) else len(dataset)
     if num_replicas is None or rank is None:
-        from mpitrain.comm import world          # the only MPI here: who we are
-        num_replicas = world.size() if num_replicas is None else num_replicas
-        rank = world.rank() if rank is None else rank
+        from mpitrain import comm          # the only MPI here: who we are
+        num_replicas = comm.size() if num_replicas is None else num_replicas
+        rank = comm.rank() if rank is None else rank
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in a world of {num_replicas} replicas")
     return n, num_replicas, rank

@@ -18,6 +18,8 @@ from mpitrain.nn.sequential import Sequential
 # initial loss 3.3, then 42, then a dead network), and trained the MLP to 84.0% vs 85.1% after one
 # epoch; Glorot trains all three.
 INIT = "glorot"
+# The input each convnet is built for (the MLP and the ResNets adapt to the data).
+FIXED_INPUT_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
 
 
 def _kw(seed, dtype, kernels, init):
@@ -54,7 +56,7 @@ def lenet(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT, dropout
         Flatten(**dk),                                       # (B, 3136)
         Linear(64 * 7 * 7, 1024, relu=True, **kw),
         Linear(1024, classes, **kw)], dropout, kw, dtype, kernels),
-        input_shape=(1, 28, 28))
+        input_shape=FIXED_INPUT_SHAPES["lenet"])
 
 
 def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT, dropout=0.0):
@@ -71,7 +73,7 @@ def cifar_cnn(classes=10, seed=0, dtype=np.float32, kernels=None, init=INIT, dro
         Flatten(**dk),                                       # (B, 4096)
         Linear(64 * 8 * 8, 512, relu=True, **kw),
         Linear(512, classes, **kw)], dropout, kw, dtype, kernels),
-        input_shape=(3, 32, 32))
+        input_shape=FIXED_INPUT_SHAPES["cifar_cnn"])
 
 
 def resnet20(**kwargs):

@@ -10,7 +10,7 @@ other gradient.
 No MPI at import: the reduction is a callable ``reduce(array)`` that sums a float64 array in
 place across the ranks that share the statistics. The default, resolved at the first training
 forward through the public comm API, sums over the world with ``mpitrain.allreduce_`` queued
-behind any gradient bucket already on the communication thread (``comm.handles.ordered``):
+behind any gradient bucket already on the communication thread (``comm.run_ordered``):
 DistributedOptimizer's overlap reduces buckets on that thread during backward, and a collective
 issued from the main thread at the same time would race it on the same communicator. Device
 arrays reduce on the calling thread (gradient overlap is host-only). ``process_set=`` (a
@@ -28,14 +28,13 @@ from mpitrain.nn.batchnorm import BatchNormBase
 def world_sum_(array, process_set=None):
     """Sum ``array`` in place over every rank (or a process set's), ordered after in-flight
     gradient buckets."""
-    from mpitrain.comm import collectives, handles
-    from mpitrain.comm.ops import on_device
-    ranks = collectives.global_process_set if process_set is None else process_set
-    if on_device(array):
-        collectives.allreduce_(array, op=collectives.Sum, name="SyncBatchNorm", process_set=ranks)
+    from mpitrain import comm
+    ranks = comm.global_process_set if process_set is None else process_set
+    if comm.on_device(array):
+        comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm", process_set=ranks)
         return
-    handles.ordered(lambda: collectives.allreduce_(array, op=collectives.Sum, name="SyncBatchNorm",
-                                                   process_set=ranks))
+    comm.run_ordered(lambda: comm.allreduce_(array, op=comm.Sum, name="SyncBatchNorm",
+                                             process_set=ranks))
 
 
 class SyncBatchNorm(BatchNormBase):

@@ -4,15 +4,12 @@ differently (other seeds, a checkpoint loaded only on rank 0) agree before the f
 """
 import numpy as np
 
-from mpitrain.comm import collectives
-from mpitrain.comm.check import CollectiveError
+from mpitrain import comm
 # ops.on_device, not comm/device.py's test: importing device.py here would load it in every
 # process, GPU or not
-from mpitrain.comm.ops import on_device
-from mpitrain.comm.process_sets import global_process_set
 
 
-def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
+def broadcast_parameters(params, root_rank=0, process_set=comm.global_process_set):
     """Overwrite every parameter in place with root_rank's values (Horovod's spellings).
 
     params, any of:
@@ -22,24 +19,24 @@ def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
     - ``model.parameters()``: an iterable of Parameters (or arrays), named by position -- every
       rank must list them in the same order, as a model's own ``parameters()`` does.
     Anything that cannot be written back (a list, a scalar, a read-only array, a pair that is not
-    (name, array)) is a ValueError, and a difference in names across ranks a CollectiveError:
+    (name, array)) is a ValueError, and a difference in names across ranks a comm.CollectiveError:
     raised on every rank, before any data moves, never ignored. process_set: the ranks that
     take part (root_rank is a global rank among them).
     """
     items, error = _writable_arrays(params)
     names = [name for name, _ in items]
     # One agreement first: a rank whose input is bad must not leave the others in a broadcast.
-    reports = collectives.allgather_object((error, names), process_set=process_set)
+    reports = comm.allgather_object((error, names), process_set=process_set)
     errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(reports) if e is not None]
     if errors:
         raise ValueError("broadcast_parameters: " + "; ".join(errors))
     if any(other != names for _, other in reports):
         differ = [r for r, (_, other) in enumerate(reports) if other != reports[0][1]]
-        raise CollectiveError(
+        raise comm.CollectiveError(
             f"broadcast_parameters: the parameter names of ranks {differ} differ from rank 0's "
             f"({len(reports[0][1])} names starting {reports[0][1][:3]})")
     for name, array in items:
-        collectives.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}",
+        comm.broadcast_(array, root_rank, name=f"broadcast_parameters.{name}",
                                process_set=process_set)
 
 
@@ -62,9 +59,9 @@ def _writable_arrays(params):
                         f"among them")
         name, value = pair
         # an array as is (NumPy's, CuPy's and Numba's .data are buffers), else a Parameter's .data
-        array = (value if isinstance(value, np.ndarray) or on_device(value)
+        array = (value if isinstance(value, np.ndarray) or comm.on_device(value)
                  else getattr(value, "data", value))
-        if not on_device(array):
+        if not comm.on_device(array):
             if not isinstance(array, np.ndarray):
                 return [], (f"{name!r} is a {type(value).__name__}, which cannot be written "
                             f"back in place; pass the model's arrays (model.state_dict()) or "
@@ -75,7 +72,7 @@ def _writable_arrays(params):
     return items, None
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_process_set):
     """Give every rank root_rank's optimizer state (hyper-parameters, step, buffers), in place.
 
     The root's state layout travels first (as an object), so ranks whose state differs in shape
@@ -84,7 +81,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
     state = optimizer.state_dict()
     arrays = {k: (v.shape, v.dtype.str) for k, v in state.items() if isinstance(v, np.ndarray)}
     values = {k: v for k, v in state.items() if k not in arrays}
-    arrays, values = collectives.broadcast_object((arrays, values), root_rank=root_rank,
+    arrays, values = comm.broadcast_object((arrays, values), root_rank=root_rank,
                                                   process_set=process_set)
     new = dict(values)
     for k in sorted(arrays):
@@ -92,6 +89,6 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
         mine = state.get(k)
         ok = isinstance(mine, np.ndarray) and mine.shape == shape and mine.dtype.str == dtype
         new[k] = np.ascontiguousarray(mine) if ok else np.zeros(shape, dtype)
-        collectives.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}",
+        comm.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}",
                                process_set=process_set)
     optimizer.load_state_dict(new)

@@ -39,10 +39,7 @@ import numpy as np
 
 from mpitrain import comm
 from mpitrain import kernels as _kernels
-from mpitrain.comm import collectives
-from mpitrain.comm.check import CollectiveError
-from mpitrain.comm.handles import current_timeline
-from mpitrain.comm.tree import PairwiseSum, is_power_of_two
+from mpitrain.timeline import current as current_timeline
 from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
 from mpitrain.parallel.gradients import Compression
@@ -51,7 +48,7 @@ from mpitrain.parallel.strategy import Strategy
 
 def check_ranks(size, what="deterministic=True"):
     """ValueError unless ``size`` ranks can share the fixed tree (a power of two)."""
-    if not is_power_of_two(size):
+    if not comm.is_power_of_two(size):
         raise ValueError(f"{what} needs a power-of-two number of ranks (1, 2, 4, 8, ...), got "
                          f"{size}: the fixed reduction tree splits the micro-shards evenly in "
                          f"halves")
@@ -114,11 +111,11 @@ class DeterministicGradients(Strategy):
             comm.agree(opt.process_set, "DistributedOptimizer.deterministic",
                        {"backward_passes_per_step": k, "elements": tree.elements,
                         "dtype": str(tree.dtype)}, error)
-        except (ValueError, CollectiveError):
+        except (ValueError, comm.CollectiveError):
             opt.zero_grad()               # drops the leaves too
             raise
         self.passes.reset()
-        scale = 1.0 / size if opt.op is collectives.Average else 1.0
+        scale = 1.0 / size if opt.op is comm.Average else 1.0
         with current_timeline().span("synchronize", cat="comm"):
             tree.reduce(opt.process_set, size, scale)
         opt.comm_time_s += time.perf_counter() - start
@@ -152,7 +149,7 @@ class GradientTree:
         self._ids = {id(p) for p in self.params}
         self._reported = set()
         k = self.kernels
-        self.leaves = PairwiseSum(lambda: k.empty((self.elements,), self.dtype), self._pack,
+        self.leaves = comm.PairwiseSum(lambda: k.empty((self.elements,), self.dtype), self._pack,
                                   k.add)
         self._current = None        # (buffer, views): the leaf .grad writes into now
         self._granted = None        # the last result, which .grad views until the next pass

@@ -17,15 +17,11 @@ import time
 
 import numpy as np
 
-from mpitrain import autotune
+from mpitrain.parallel import autotune
 from mpitrain import comm
-from mpitrain.comm import collectives
-from mpitrain.comm.check import CollectiveError
-from mpitrain.comm.handles import current_timeline
+from mpitrain.timeline import current as current_timeline
 # ops.on_device, not comm/device.py's test: importing device.py here would load it in every
 # process, GPU or not
-from mpitrain.comm.ops import on_device
-from mpitrain.comm.process_sets import world_of
 from mpitrain.parallel.strategy import Strategy
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
@@ -67,7 +63,7 @@ class Compression:
     Horovod, or an instance): ``compress(array) -> (wire_array, ctx)`` on each gradient,
     the wire arrays averaged across ranks (fused, like the gradients themselves), then
     ``decompress(wire_array, ctx) -> array`` of the gradient's shape, written back into ``.grad``.
-    Wire arrays must have the same shape and dtype on every rank (else CollectiveError on every
+    Wire arrays must have the same shape and dtype on every rank (else comm.CollectiveError on every
     rank); such a compressor runs after backward (no overlap with it).
     """
 
@@ -92,8 +88,8 @@ class GradientAveraging(Strategy):
         ps = opt.process_set
         if ps.included():
             self.autotuner = autotune.for_optimizer(
-                world_of(ps, "DistributedOptimizer"),
-                lambda obj: collectives.allgather_object(obj, process_set=ps),
+                comm.world_of(ps, "DistributedOptimizer"),
+                lambda obj: comm.allgather_object(obj, process_set=ps),
                 opt.fusion_threshold_bytes, sum(p.data.nbytes for p in opt.params),
                 self.set_fusion_threshold)
 
@@ -102,7 +98,7 @@ class GradientAveraging(Strategy):
             return self.buckets
         opt = self.opt
         if (not opt.overlap or opt.process_set.size() == 1
-                or not opt.params or on_device(opt.params[0].data)
+                or not opt.params or comm.on_device(opt.params[0].data)
                 or not isinstance(opt.compression, Compressor)):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
@@ -135,7 +131,7 @@ class GradientAveraging(Strategy):
                            ordered=True)
             elif error is not None:
                 raise ValueError(error)
-        except (ValueError, CollectiveError):
+        except (ValueError, comm.CollectiveError):
             opt.zero_grad()               # a wrong count summed the wrong gradients
             raise
         self.synchronized = True
@@ -199,7 +195,7 @@ class GradientAveraging(Strategy):
     def grouped_allreduce(self, arrays):
         opt = self.opt
         f = opt.gradient_predivide_factor
-        collectives.grouped_allreduce_(arrays, op=opt.op, name="DistributedOptimizer.gradients",
+        comm.grouped_allreduce_(arrays, op=opt.op, name="DistributedOptimizer.gradients",
                                        prescale_factor=1.0 / f, postscale_factor=f,
                                        fusion_threshold_bytes=opt.fusion_threshold_bytes,
                                        process_set=opt.process_set)

@@ -7,9 +7,7 @@ import contextlib
 
 import numpy as np
 
-from mpitrain.comm import collectives
-from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
-from mpitrain.comm.process_sets import global_process_set
+from mpitrain import comm
 from mpitrain.parallel.deterministic import DeterministicGradients, check_arguments
 from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
                                          is_compressor)
@@ -50,11 +48,11 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
-                 op=collectives.Average, gradient_predivide_factor=1.0, average="gradients",
+                 op=comm.Average, gradient_predivide_factor=1.0, average="gradients",
                  average_every=1, fusion_threshold_bytes=None, overlap=True,
                  backward_passes_per_step=1,
-                 process_set=global_process_set, deterministic=False):
-        if op not in (collectives.Average, collectives.Sum):
+                 process_set=comm.global_process_set, deterministic=False):
+        if op not in (comm.Average, comm.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
@@ -78,8 +76,8 @@ class DistributedOptimizer:
         self.overlap = bool(overlap)
         self.process_set = process_set    # whose ranks average (others: ValueError at the step)
         default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
-                   else DEFAULT_THRESHOLD_BYTES)
-        self.fusion_threshold_bytes = collectives.fusion_threshold(fusion_threshold_bytes, default)
+                   else comm.DEFAULT_THRESHOLD_BYTES)
+        self.fusion_threshold_bytes = comm.fusion_threshold(fusion_threshold_bytes, default)
         self.optimizer = optimizer
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
@@ -156,6 +154,15 @@ class DistributedOptimizer:
             yield
         finally:
             self._skip = False
+
+    def settle(self):
+        """Collective: end on one model (weights mode: average unless the last step did)."""
+        self.strategy.settle()
+
+    def checkpoint_state(self):
+        """Collective: the optimizer state a checkpoint holds; in weights mode the mean of the
+        ranks' per-rank moments."""
+        return self.strategy.checkpoint_state()
 
     def average_weights(self):
         """Average every parameter's ``.data`` across ranks now (weights mode does it every k)."""

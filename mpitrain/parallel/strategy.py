@@ -6,7 +6,7 @@ it owns ``synchronize``, ``step``, the backward hook and what ``zero_grad`` must
 reads the facade's settings (``params``, ``process_set``, ``fusion_threshold_bytes``, ``op``)
 and adds the seconds it spends averaging to ``opt.comm_time_s``.
 """
-from mpitrain.comm.fusion import check_threshold
+from mpitrain import comm
 from mpitrain.parallel.accumulation import PassCount
 
 
@@ -57,11 +57,18 @@ class Strategy:
         if self.pending():
             raise RuntimeError("set_fusion_threshold() while gradient allreduces are pending: "
                                "call it between step() and the next backward")
-        self.opt.fusion_threshold_bytes = check_threshold(threshold_bytes)
+        self.opt.fusion_threshold_bytes = comm.check_threshold(threshold_bytes)
         self.buckets = None
 
     def synchronize(self):
         pass
+
+    def settle(self):
+        """Make the replicas one model (gradient averaging keeps them one: nothing to do)."""
+
+    def checkpoint_state(self):
+        """The one optimizer state a checkpoint holds (collective where ranks differ)."""
+        return self.opt.optimizer.state_dict()
 
     def step(self, skip):
         """Synchronize (unless ``skip`` or done already), then the inner optimizer's step."""

@@ -8,8 +8,10 @@ checked on each rank alone, since nothing is sent per pass.
 """
 import time
 
-from mpitrain.comm import collectives
-from mpitrain.comm.handles import current_timeline
+import numpy as np
+
+from mpitrain import comm
+from mpitrain.timeline import current as current_timeline
 from mpitrain.parallel.strategy import Strategy
 
 
@@ -20,7 +22,7 @@ def average_weights(opt):
         return
     start = time.perf_counter()
     with current_timeline().span("average_weights", cat="comm"):
-        collectives.grouped_allreduce_([p.data for p in opt.params], op=collectives.Average,
+        comm.grouped_allreduce_([p.data for p in opt.params], op=comm.Average,
                                        name="DistributedOptimizer.weights",
                                        fusion_threshold_bytes=opt.fusion_threshold_bytes,
                                        process_set=opt.process_set)
@@ -43,3 +45,19 @@ class WeightAveraging(Strategy):
         # averaging on the same global steps as an uninterrupted one.
         if opt.optimizer.steps % opt.average_every == 0:
             average_weights(opt)
+
+    def settle(self):
+        """Average the weights now unless the last step did, so the ranks end on one model."""
+        if self.opt.optimizer.steps % self.opt.average_every:
+            average_weights(self.opt)
+
+    def checkpoint_state(self):
+        """Momentum / Adam moments stay per rank (PNNL); a checkpoint holds one state: their
+        mean over the ranks (a collective: every rank calls it)."""
+        state = self.opt.optimizer.state_dict()
+        if self.opt.process_set.size() > 1:
+            for key, value in state.items():
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                    state[key] = comm.allreduce(value, op=comm.Average,
+                                                process_set=self.opt.process_set)
+        return state

@@ -116,16 +116,16 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(
         "import sys\n"
-        "from mpitrain.comm import abort\n"
+        "from mpitrain import comm\n"
         "import mpitrain as mt\n"
-        "from mpitrain import train\n"
-        "from mpitrain.cli import run_cli\n"
-        "abort.install_abort_hook()\n"
+        "from mpitrain.train import loop, setup\n"
+        "from mpitrain.train.cli import run_cli\n"
+        "comm.install_abort_hook()\n"
         "mt.init()\n"
         "if mt.rank() == 1:\n"
         "    def boom(self, *args):\n"
         "        raise ZeroDivisionError('injected on rank 1')\n"
-        "    train.Trainer.train_step = boom\n"
+        "    loop.Trainer.train_step = boom\n"
         f"sys.exit(run_cli({TINY + ['--steps', '50']!r}))\n")
     clean = child_env(settings=True)
     start = time.time()
@@ -143,13 +143,13 @@ def test_bad_input_seen_by_one_rank_only_still_exits_2_everywhere(tmp_path):
     script.write_text(
         "import sys\n"
         "import mpitrain as mt\n"
-        "from mpitrain import train\n"
-        "from mpitrain.cli import run_cli\n"
+        "from mpitrain.train import loop, setup\n"
+        "from mpitrain.train.cli import run_cli\n"
         "mt.init()\n"
         "if mt.rank() == 1:\n"
         "    def missing(config):\n"
         "        raise mt.data.DataError('/node2/data: no such directory (rank 1 only)')\n"
-        "    train._datasets = missing\n"
+        "    setup._datasets = missing\n"
         f"sys.exit(run_cli({TINY + ['--steps', '3']!r}))\n")
     clean = child_env(settings=True)
     p = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import mpitrain as mt
 from mpitrain import checkpoint as ckpt
-from mpitrain.config import Config
+from mpitrain.train.config import Config
 from mpitrain.train import Trainer
 
 mt.init(threads=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.checkpoint import CheckpointError
+from mpitrain.train.checkpoint import CheckpointError
 
 N, R = mt.size(), mt.rank()
 

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from mpitrain import autotune
-from mpitrain.autotune import Trial
+from mpitrain.parallel import autotune
+from mpitrain.parallel.autotune import Trial
 from mpitrain.comm.settings import CommSettings
 
 

@@ -3,9 +3,9 @@ import dataclasses
 
 import pytest
 
-from mpitrain import cli
-from mpitrain import config as cfg
-from mpitrain.config import Config, UsageError
+from mpitrain.train import cli
+from mpitrain.train import config as cfg
+from mpitrain.train.config import Config, UsageError
 
 
 def test_defaults_are_the_meaningful_job():
@@ -169,3 +169,20 @@ def test_config_built_in_code_is_validated_too():
         cfg.Config(lr_schedule="step", lr_milestones=(3, 1), epochs=5).validate()
     with pytest.raises(UsageError, match="unknown augmentation"):
         cfg.Config(augment="blur").validate()
+
+
+def test_every_field_is_in_one_section_in_the_class_order():
+    names = [name for _, _, fields in cfg.SECTIONS for name in fields]
+    assert names == [f.name for f in cfg.fields()]
+    help_text = cli.build_parser().format_help()
+    for section, title, _ in cfg.SECTIONS:
+        assert f"{section}: {title}:" in help_text
+
+
+def test_choices_come_from_their_owners():
+    import mpitrain as mt
+    choices = {f.name: f.metadata["choices"] for f in cfg.fields() if f.metadata["choices"]}
+    assert choices["model"] == mt.models.names
+    assert choices["lr_schedule"] == mt.optim.SCHEDULES
+    assert choices["normalize"] == mt.data.NORMALIZATIONS
+    assert set(choices["dataset"]) == set(mt.data.SPECS) | {"synthetic"}

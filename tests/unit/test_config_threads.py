@@ -6,7 +6,7 @@ import sys
 import numba
 import pytest
 
-from mpitrain import threads
+from mpitrain.runtime import threads
 from mpitrain.kernels import cpu_conv
 
 
@@ -59,7 +59,7 @@ def test_configure_resizes_running_pools_and_exports_env(restore_threads):
 def test_configure_then_compile_in_a_fresh_process():
     """Numba re-reads NUMBA_NUM_THREADS at each compilation and raises if it no longer matches the
     launched pool; configure() must leave it alone so an uncached kernel still compiles."""
-    code = ("import numba, mpitrain.threads as t\n"
+    code = ("import numba, mpitrain.runtime.threads as t\n"
             "t.configure(1)\n"
             "f = numba.njit(lambda a: a + 1)\n"
             "print(f(41))\n")
@@ -74,7 +74,7 @@ def test_init_applies_the_budget_to_a_users_own_loop():
     """mt.init() gives BLAS the CLI's budget (a user's loop was 4-15x slower without it), with
     MPITRAIN_THREADS and init(threads=n) to override and init(threads=None) to opt out."""
     code = ("import os, mpitrain as mt\n"
-            "from mpitrain import threads as t\n"
+            "from mpitrain.runtime import threads as t\n"
             "def show(**kw):\n"
             "    os.environ['OMP_NUM_THREADS'] = '7'\n"
             "    mt.init(**kw)\n"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mpitrain import cli, threads
-from mpitrain import config as cfg
+from mpitrain.train import cli
+from mpitrain.runtime import threads
+from mpitrain.train import config as cfg
 from mpitrain.comm.settings import CommSettings
 from mpitrain.data.locate import env_data_dir
 from mpitrain.runtime import env

@@ -27,6 +27,25 @@ def _modules():
 MODULES = _modules()
 
 
+def _names_bound_by(package):
+    """Names a package's __init__.py binds to something other than its submodule of that name
+    (``from mpitrain.comm.join import join``: ``mpitrain.comm.join`` is then the function)."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return set()
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names
+                      if f"{node.module}.{a.name}" not in MODULES}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
+
+
+BOUND = {name: _names_bound_by(name) for name in MODULES}
+
+
 def _resolve(name):
     """The module an import of ``name`` loads (the longest known prefix), or None."""
     while name:
@@ -56,7 +75,7 @@ def _imports(module, path):
                                 + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
-                if full in MODULES:                         # from pkg import submodule
+                if full in MODULES and alias.name not in BOUND.get(base, ()):   # a submodule
                     edges.add(full)
                     bound[alias.asname or alias.name] = full
                 elif _resolve(base):
@@ -124,7 +143,7 @@ def test_the_comm_layer_has_the_documented_order():
     """Each comm module imports only modules listed before it (comm/__init__.py's order)."""
     order = ["abort", "watchdog", "settings", "kinds", "check", "handles", "world",
              "process_sets", "build_info", "ops", "ring", "tree", "hierarchical", "buckets",
-             "fusion", "engine", "host", "overlap", "device", "collectives", "join"]
+             "fusion", "engine", "host", "overlap", "device", "collectives", "join", "tracing"]
     rank = {f"mpitrain.comm.{m}": i for i, m in enumerate(order)}
     assert set(rank) == {m for m in MODULES if m.startswith("mpitrain.comm.")}
     upward = [f"{m} imports {d}" for m in rank for d in GRAPH[m] if d in rank
@@ -133,13 +152,13 @@ def test_the_comm_layer_has_the_documented_order():
 
 
 # The whole package, bottom to top: each module imports only from its own layer and the ones
-# below (docs/architecture.md, "Layers"). Top-level modules of mpitrain/ belong to the layer
-# their job puts them in; the package itself (mpitrain/__init__.py) and the CLI are the top.
+# below (docs/architecture.md, "Layers"). Every module lives in its layer's folder (the
+# timeline's folder is the runtime layer's, named for its command, python -m mpitrain.timeline);
+# the package itself (mpitrain/__init__.py, __main__.py) is the top.
 LAYERS = ("kernels", "runtime", "comm", "model", "parallel", "train")
-_TOP_LEVEL = {"threads": "runtime", "atomic": "runtime", "timeline": "runtime",
-              "evaluation": "parallel", "autotune": "parallel"}
-_FOLDERS = {"kernels": "kernels", "runtime": "runtime", "comm": "comm", "nn": "model",
-            "optim": "model", "data": "model", "parallel": "parallel"}
+_FOLDERS = {"kernels": "kernels", "runtime": "runtime", "timeline": "runtime", "comm": "comm",
+            "nn": "model", "optim": "model", "data": "model", "parallel": "parallel",
+            "train": "train"}
 # Model-layer modules that still reach comm (lazily): to move up, not to grow.
 MODEL_USES_OF_COMM = {"mpitrain.nn.sync_batchnorm", "mpitrain.data.sampler"}
 
@@ -148,7 +167,7 @@ def layer_of(module):
     parts = module.split(".")
     if len(parts) == 1:
         return "train"
-    return _FOLDERS.get(parts[1]) or _TOP_LEVEL.get(parts[1], "train")
+    return _FOLDERS.get(parts[1], "train")
 
 
 def test_every_module_imports_only_its_layer_and_below():
@@ -165,8 +184,13 @@ def test_only_the_known_model_modules_use_comm():
     assert users == MODEL_USES_OF_COMM
 
 
-def test_the_layer_map_knows_every_top_level_module():
-    tops = {m.split(".")[1] for m in MODULES if m.count(".") == 1}
-    training_side = {"train", "cli", "config", "checkpoint", "metric", "tracing", "__main__"}
-    unplaced = tops - set(_TOP_LEVEL) - set(_FOLDERS) - training_side
-    assert unplaced == set()
+def test_every_module_lives_in_a_layer_folder():
+    tops = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    assert tops - set(_FOLDERS) == {"__main__"}
+
+
+def test_code_outside_comm_enters_it_by_its_door():
+    """Above comm, only ``mpitrain.comm`` itself (comm/__init__.py) is imported."""
+    past = [f"{m} imports {d}" for m in sorted(GRAPH) if not m.startswith("mpitrain.comm")
+            for d in sorted(GRAPH[m]) if d.startswith("mpitrain.comm.")]
+    assert past == []

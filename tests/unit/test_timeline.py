@@ -7,7 +7,7 @@ import time
 import pytest
 
 from mpitrain import timeline
-from mpitrain.timeline import Timeline, merge, write_trace
+from mpitrain.timeline import Timeline, merge, summary, write_trace
 
 
 class FakeComm:
@@ -226,8 +226,8 @@ def test_summarize_and_cli(tmp_path, capsys):
     assert got[1] == [("forward", 1, 0.5, 1.0)]
     path = tmp_path / "t.json"
     write_trace(path, doc)
-    assert timeline.main([str(path)]) == 0
+    assert summary.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "rank 0" in out and "allreduce" in out and "85.7%" in out
-    assert timeline.main([str(tmp_path / "missing.json")]) == 2
-    assert timeline.main([]) == 2
+    assert summary.main([str(tmp_path / "missing.json")]) == 2
+    assert summary.main([]) == 2

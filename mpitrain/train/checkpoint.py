@@ -38,9 +38,9 @@ import zipfile
 
 import numpy as np
 
-from mpitrain import atomic
-from mpitrain.comm import collectives, world
-from mpitrain.config import UsageError
+from mpitrain.runtime import atomic
+from mpitrain import comm
+from mpitrain.runtime.errors import CheckpointError
 from mpitrain.parallel.optimizer import DistributedOptimizer
 
 FORMAT = 1
@@ -49,10 +49,6 @@ _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
 _ZIP = b"PK\x03\x04"    # np.savez writes a zip archive; its first local header starts the file
 # __meta__ keys of the format itself; save(extra=...) may not use them
 _RESERVED = ("format", "step", "param_names", "optimizer_layout")
-
-
-class CheckpointError(UsageError):
-    """A checkpoint that cannot be used: unreadable, corrupt, or written by another model."""
 
 
 def checkpoint_path(directory, step):
@@ -180,7 +176,7 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
         error = str(exc)
     _raise_on_every_rank(error, ValueError)     # before rank 0 writes anything
     path = None
-    if world.rank() == 0:
+    if comm.rank() == 0:
         try:
             newer = [old for s, old in list_checkpoints(directory) if s > step]
             if newer:
@@ -193,7 +189,7 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
             error = str(exc)
         except (OSError, TypeError, ValueError) as exc:
             error = f"cannot write a checkpoint in {directory}: {_one_line(exc)}"
-    path, error = collectives.broadcast_object((path, error), root_rank=0)
+    path, error = comm.broadcast_object((path, error), root_rank=0)
     if error is not None:
         raise CheckpointError(error)
     return path
@@ -210,7 +206,7 @@ def load_latest(directory, model, optimizer):
     """
     directory = os.fspath(directory)
     found, error = None, None
-    if world.rank() == 0:
+    if comm.rank() == 0:
         try:
             checkpoint, skipped = read_latest(directory)
             for reason in skipped:
@@ -223,7 +219,7 @@ def load_latest(directory, model, optimizer):
             error = str(exc)
         except OSError as exc:
             error = f"cannot read checkpoints in {directory}: {_one_line(exc)}"
-    found, error = collectives.broadcast_object((found, error), root_rank=0)
+    found, error = comm.broadcast_object((found, error), root_rank=0)
     if error is not None:
         raise CheckpointError(error)
     if found is None:
@@ -244,7 +240,7 @@ def load_latest(directory, model, optimizer):
 
 def _raise_on_every_rank(error, kind):
     """Collective: raise ``kind`` on every rank if any rank has an ``error`` (its own first)."""
-    errors = [e for e in collectives.allgather_object(error) if e is not None]
+    errors = [e for e in comm.allgather_object(error) if e is not None]
     if errors:
         raise kind(error if error is not None else errors[0])
 

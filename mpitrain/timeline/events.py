@@ -29,22 +29,17 @@ clock synchronisation (NTP: ~1 ms), which is why spans of one rank are never reo
 
 Library code that cannot be handed the object (comm, fusion, optimizer wrapper) records into the
 active timeline: ``timeline.current().span(...)``; the training loop calls ``activate(tl)``, and
-so do ``mt.start_timeline(path)`` / ``mt.stop_timeline()`` (tracing.py) in a user's own loop.
+so do ``mt.start_timeline(path)`` / ``mt.stop_timeline()`` (comm/tracing.py) in a user's own loop.
 ``current()`` is a disabled timeline until then, so instrumentation costs ~nothing by default.
 
 Rank discipline: every rank records, rank 0 alone writes. ``close`` gathers plain lists (pickled by
 mpi4py's lowercase ``gather``) and writes atomically (temp file in the same directory, fsync,
 rename), so a reader never sees half a trace.
-
-``python -m mpitrain.timeline TRACE.json`` prints, per rank, the count, total and share of wall
-time of every span name -- the quick answer to "where did the step go" without a browser.
 """
-import json
 import os
-import sys
 import time
 
-from mpitrain import atomic
+from mpitrain.timeline.merge import merge, write_trace
 
 __all__ = ["Timeline", "current", "activate"]
 
@@ -219,31 +214,6 @@ class Timeline:
         return self.path
 
 
-def merge(payloads):
-    """Chrome-trace document from the ranks' payloads, each shifted onto the earliest origin."""
-    if not payloads:
-        raise ValueError("timeline merge needs at least one rank's events")
-    origin = min(p["origin_wall_us"] for p in payloads)
-    events = []
-    for p in sorted(payloads, key=lambda p: p["rank"]):
-        shift = p["origin_wall_us"] - origin
-        for ev in p["events"]:
-            if "ts" in ev:
-                ev = dict(ev, ts=round(ev["ts"] + shift, 3))
-            events.append(ev)
-    dropped = {str(p["rank"]): p["dropped"] for p in payloads if p["dropped"]}
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "mpitrain.timeline", "ranks": len(payloads),
-                          "dropped_events": dropped}}
-
-
-def write_trace(path, doc):
-    """Write ``doc`` as JSON to ``path`` atomically (see atomic.py): on any failure ``path`` is
-    left as it was."""
-    atomic.write(path, lambda f: json.dump(doc, f, separators=(",", ":")), mode="w",
-                 prefix=".timeline-", suffix=".tmp")
-
-
 _DISABLED = Timeline(None)
 _current = _DISABLED
 
@@ -260,45 +230,3 @@ def activate(tl):
         raise ValueError(f"activate expects a Timeline or None, got {type(tl).__name__}")
     _current = _DISABLED if tl is None else tl
     return _current
-
-
-def summarize(doc):
-    """{rank: [(name, count, total_ms, share of the rank's span extent)]}, largest total first.
-    Nested spans (an allreduce inside "update") count in both; shares need not add up to 1."""
-    by_rank = {}
-    for ev in doc.get("traceEvents", []):
-        if ev.get("ph") == "X":
-            by_rank.setdefault(ev["pid"], []).append(ev)
-    out = {}
-    for rank, evs in sorted(by_rank.items()):
-        extent = max(e["ts"] + e["dur"] for e in evs) - min(e["ts"] for e in evs)
-        totals = {}
-        for e in evs:
-            count, dur = totals.get(e["name"], (0, 0.0))
-            totals[e["name"]] = (count + 1, dur + e["dur"])
-        rows = [(name, c, d / 1e3, d / extent if extent > 0 else 0.0)
-                for name, (c, d) in totals.items()]
-        out[rank] = sorted(rows, key=lambda r: -r[2])
-    return out
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m mpitrain.timeline TRACE.json", file=sys.stderr)
-        return 2
-    try:
-        with open(argv[0]) as f:
-            doc = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"timeline: {argv[0]}: {e}", file=sys.stderr)
-        return 2
-    for rank, rows in summarize(doc).items():
-        print(f"rank {rank}: {'span':<24} {'count':>6} {'total ms':>10} {'share':>6}")
-        for name, count, total_ms, share in rows:
-            print(f"        {name:<24} {count:>6} {total_ms:>10.2f} {100 * share:>5.1f}%")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

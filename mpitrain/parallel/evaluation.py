@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from mpitrain.comm import collectives, world
+from mpitrain import comm
 from mpitrain.data.sampler import shard
 from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.loss import SoftmaxCrossEntropy
@@ -60,8 +60,8 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=None):
     finally:
         if was_training:
             model.train()
-    totals = collectives.allreduce(np.array([correct, len(mine), loss_sum], np.float64),
-                                   op=collectives.Sum, name="evaluate")
+    totals = comm.allreduce(np.array([correct, len(mine), loss_sum], np.float64),
+                                   op=comm.Sum, name="evaluate")
     correct, total, loss_sum = int(totals[0]), int(totals[1]), float(totals[2])
     return {"accuracy": correct / total if total else 0.0,
             "loss": loss_sum / total if total else 0.0, "correct": correct, "total": total}
@@ -78,17 +78,17 @@ def check_batchnorm_statistics(model):
     named = [(f"{prefix}.{name}" if prefix else name, buffer) for prefix, module in modules
              if isinstance(module, BatchNormBase) and not isinstance(module, SyncBatchNorm)
              for name, buffer in module.named_buffers()]
-    if world.size() == 1 or not named:
+    if comm.size() == 1 or not named:
         return True
     k = model.kernels
     host = [np.asarray(k.to_host(b), np.float64).ravel() for _, b in named]        # (C,) each
     flat = np.concatenate(host)                                                      # (S,)
-    bounds = collectives.allreduce(np.concatenate([flat, -flat]), op=collectives.Max,
+    bounds = comm.allreduce(np.concatenate([flat, -flat]), op=comm.Max,
                                    name="evaluate.batchnorm_statistics")             # (2S,)
     spread = bounds[:flat.size] + bounds[flat.size:]         # max - min across ranks, per value
     if not (spread > 0).any():
         return True
-    if world.rank() == 0:
+    if comm.rank() == 0:
         ends = np.cumsum([h.size for h in host])
         first = int(np.searchsorted(ends, int(np.argmax(spread > 0)), side="right"))
         start = ends[first] - host[first].size

@@ -15,25 +15,24 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from mpitrain import threads as thread_budget
-from mpitrain.comm import settings as comm_settings
+from mpitrain import comm
+from mpitrain.data import AUGMENTATIONS, NORMALIZATIONS
+from mpitrain.data.catalog import SPECS
 from mpitrain.data.locate import env_data_dir
+from mpitrain.nn import models
+from mpitrain.optim import SCHEDULES
+from mpitrain.parallel.optimizer import AVERAGE_MODES
 from mpitrain.runtime import env
+from mpitrain.runtime import threads as thread_budget
+from mpitrain.runtime.errors import UsageError
 
-AUGMENTATIONS = ("crop", "flip")           # mpitrain.data.AUGMENTATIONS
-LR_SCHEDULES = ("constant", "step", "cosine")   # mpitrain.optim.SCHEDULES
-NORMALIZATIONS = ("fixed", "train", "none")    # mpitrain.data.NORMALIZATIONS
-MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20", "resnet32", "resnet56")
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
+# Choices come from the modules that own them; the ones only the CLI offers are set here.
+MODELS = models.names
+DATASETS = tuple(SPECS) + ("synthetic",)
 # Per-sample shape of each real dataset, so model/dataset mismatches fail before any data is read.
-DATASET_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-# Per-sample input shape the conv models accept (the MLP and the ResNets adapt to the data).
-MODEL_SHAPES = {"lenet": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
+DATASET_SHAPES = {name: spec.sample_shape for name, spec in SPECS.items()}
+OPTIMIZERS = ("sgd", "adam")
 ENV_PREFIX = "MPITRAIN_"
-
-
-class UsageError(ValueError):
-    """Bad input from the user (flag, env var, checkpoint): one line, exit code 2, no traceback."""
 
 
 def _opt(default, help, choices=None, flag_type=None, off_flag=None):
@@ -85,13 +84,34 @@ def parse_augment(text):
 
 @dataclass(frozen=True)
 class Config:
-    """Every knob of a training job; a field name is its flag (--batch-size) and env suffix."""
+    """Every knob of a training job, in the sections of SECTIONS; a field name is its flag
+    (--batch-size) and its variable's suffix (MPITRAIN_BATCH_SIZE)."""
 
+    # -- model (see SECTIONS)
     model: str = _opt("mlp", "model from the zoo", choices=MODELS)
+    hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
+                                   flag_type=parse_hidden)
+    dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
+                               "(0 = none)")
+    sync_bn: bool = _opt(False, "SyncBatchNorm: BatchNorm statistics of the global batch "
+                                "(two small allreduces per BatchNorm layer and step) instead of "
+                                "each rank's own")
     dataset: str = _opt("fashion-mnist", "training/test data", choices=DATASETS)
     data_dir: Optional[str] = _opt(None, "dataset folder, the only place looked in: missing or "
                                          "lacking the files is an error (default: mpitrain.data's "
                                          "search path)")
+    synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
+    normalize: str = _opt("fixed", "per-channel input standardisation: fixed (the training "
+                                   "split's published mean/std), train (recomputed from the "
+                                   "loaded training set) or none (pixels in [0, 1])",
+                          choices=NORMALIZATIONS)
+    augment: str = _opt("none", "training augmentation: none, or any of crop,flip (random crop "
+                                "with zero padding, horizontal flip; per sample, keyed by seed, "
+                                "epoch and sample index)", flag_type=parse_augment)
+    crop_padding: Optional[int] = _opt(None, "pixels of zero padding for --augment crop "
+                                             "(default: 2 on 28x28 images, 4 on 32x32)")
+
+    # -- schedule (see SECTIONS)
     epochs: int = _opt(1, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs; a resumed run "
                                       "continues up to it")
@@ -103,30 +123,31 @@ class Config:
     uneven: bool = _opt(False, "train each epoch's last, partial global batch too (default: "
                                "dropped): one smaller step, every sample used once; ranks with "
                                "no share of it wait in mt.join")
-    deterministic: bool = _opt(False, "bitwise-identical parameters for every power-of-two "
-                                      "number of ranks dividing --micro-shards: one pass per "
-                                      "micro-shard, gradients summed in one fixed tree")
-    micro_shards: int = _opt(8, "--deterministic: micro-shards per global batch (a power of two; "
-                                "the global batch must divide by it)")
+    eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
+    seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
+
+    # -- optimizer (see SECTIONS)
+    optimizer: str = _opt("sgd", "optimizer", choices=OPTIMIZERS)
     lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
     scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
     warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
     lr_schedule: str = _opt("constant", "lr decay, times the warm-up: constant, step (x gamma "
                                         "after each --lr-milestones epoch) or cosine (per step, "
-                                        "to 0 at the end of the run)", choices=LR_SCHEDULES)
+                                        "to 0 at the end of the run)", choices=SCHEDULES)
     lr_milestones: Optional[tuple] = _opt(None, "epochs after which --lr-schedule step "
                                                 "multiplies the lr by --lr-gamma, e.g. 30,60",
                                           flag_type=parse_milestones)
     lr_gamma: float = _opt(0.1, "lr factor at each --lr-milestones epoch")
-    optimizer: str = _opt("sgd", "optimizer", choices=("sgd", "adam"))
     momentum: float = _opt(0.9, "SGD momentum (0 = plain SGD)")
     weight_decay: float = _opt(0.0, "L2 weight decay")
     decay_bn_bias: bool = _opt(False, "decay every parameter; by default parameters with ndim <= 1 "
                                       "(biases, BatchNorm weight and bias) get no weight decay "
                                       "(--no-decay-bn-bias)", off_flag="no_decay_bn_bias")
+
+    # -- parallel (see SECTIONS)
     average: str = _opt("gradients", "average gradients before every update (Horovod) or "
                                      "weights every --average-every steps (PNNL)",
-                        choices=("gradients", "weights"))
+                        choices=AVERAGE_MODES)
     average_every: int = _opt(1, "steps between weight averages (--average weights)")
     fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
     fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
@@ -135,11 +156,19 @@ class Config:
     overlap: bool = _opt(True, "overlap each gradient bucket's allreduce with the rest of "
                                "backward (--no-overlap: average after backward)",
                          off_flag="no_overlap")
-    seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
+    deterministic: bool = _opt(False, "bitwise-identical parameters for every power-of-two "
+                                      "number of ranks dividing --micro-shards: one pass per "
+                                      "micro-shard, gradients summed in one fixed tree")
+    micro_shards: int = _opt(8, "--deterministic: micro-shards per global batch (a power of two; "
+                                "the global batch must divide by it)")
+
+    # -- runtime (see SECTIONS)
     device: str = _opt("cpu", "where the model runs", choices=("cpu", "cuda"))
     kernels: Optional[str] = _opt(None, "kernel flavour (default: numba on cpu, cupy on cuda)",
                                   choices=("numba", "cupy"))
     threads: int = _opt(0, "BLAS + Numba threads per rank (0 = cores / ranks on this node, >= 1)")
+
+    # -- outputs (see SECTIONS)
     checkpoint_dir: Optional[str] = _opt(None, "folder for checkpoints (rank 0 writes)")
     checkpoint_every: int = _opt(0, "steps between checkpoints (0 = only at the end); "
                                     "needs --checkpoint-dir")
@@ -154,24 +183,6 @@ class Config:
     progress: bool = _opt(True, "a progress bar on rank 0 when stderr is a terminal (a log "
                                 "gets the evaluation lines only; --no-progress: none)",
                           off_flag="no_progress")
-    eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
-    dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
-                               "(0 = none)")
-    sync_bn: bool = _opt(False, "SyncBatchNorm: BatchNorm statistics of the global batch "
-                                "(two small allreduces per BatchNorm layer and step) instead of "
-                                "each rank's own")
-    hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
-                                   flag_type=parse_hidden)
-    synthetic_samples: int = _opt(4096, "training samples of --dataset synthetic (test: 1/4)")
-    augment: str = _opt("none", "training augmentation: none, or any of crop,flip (random crop "
-                                "with zero padding, horizontal flip; per sample, keyed by seed, "
-                                "epoch and sample index)", flag_type=parse_augment)
-    crop_padding: Optional[int] = _opt(None, "pixels of zero padding for --augment crop "
-                                             "(default: 2 on 28x28 images, 4 on 32x32)")
-    normalize: str = _opt("fixed", "per-channel input standardisation: fixed (the training "
-                                   "split's published mean/std), train (recomputed from the "
-                                   "loaded training set) or none (pixels in [0, 1])",
-                          choices=NORMALIZATIONS)
     timeline: Optional[str] = _opt(None, "write a Chrome-trace JSON of every rank's spans to this "
                                          "file (rank 0 merges; opens in Perfetto)")
 
@@ -220,7 +231,7 @@ class Config:
                              f"not {self.model!r}")
         if self.kernels == "cupy" and self.device == "cpu":
             raise UsageError("--kernels 'cupy' needs --device cuda")
-        want = MODEL_SHAPES.get(self.model)
+        want = models.FIXED_INPUT_SHAPES.get(self.model)
         have = DATASET_SHAPES.get(self.dataset)
         if want and have and want != have:
             raise UsageError(f"--model {self.model!r} takes {want} samples but --dataset "
@@ -279,13 +290,35 @@ class Config:
 
     def sample_shape(self):
         """The per-sample shape the job's data will have (synthetic: the model's input)."""
-        return DATASET_SHAPES.get(self.dataset) or MODEL_SHAPES.get(self.model, (1, 28, 28))
+        return (DATASET_SHAPES.get(self.dataset)
+                or models.FIXED_INPUT_SHAPES.get(self.model, (1, 28, 28)))
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
     def as_dict(self):
         return dataclasses.asdict(self)
+
+
+# The sections of Config, in its order: ``--help`` groups the flags by them.
+SECTIONS = (
+    ("model", "what is trained, on what",
+     ("model", "hidden", "dropout", "sync_bn", "dataset", "data_dir", "synthetic_samples",
+      "normalize", "augment", "crop_padding")),
+    ("schedule", "how long, in what batches",
+     ("epochs", "steps", "batch_size", "accumulate", "uneven", "eval_every", "seed")),
+    ("optimizer", "the update",
+     ("optimizer", "lr", "scale_lr", "warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
+      "momentum", "weight_decay", "decay_bn_bias")),
+    ("parallel", "how the ranks stay one model",
+     ("average", "average_every", "fp16_allreduce", "fusion_threshold_bytes", "overlap",
+      "deterministic", "micro_shards")),
+    ("runtime", "where it runs",
+     ("device", "kernels", "threads")),
+    ("outputs", "what the job writes",
+     ("checkpoint_dir", "checkpoint_every", "resume", "resume_if_exists", "keep_checkpoints",
+      "save", "metrics_json", "progress", "timeline")),
+)
 
 
 def _flag(name):
@@ -341,7 +374,7 @@ def _from_env(f, default, environ):
     if f.name == "data_dir":
         return env_data_dir(environ)[1] or default
     if f.name == "fusion_threshold_bytes":      # the comm layer's variable, unless ours is set
-        default = comm_settings.fusion_threshold_from_env(environ, default)
+        default = comm.fusion_threshold_from_env(environ, default)
     name, kind = env_name(f.name), field_type(f)
     if f.metadata.get("choices"):
         return env.choice(name, default, f.metadata["choices"], environ)

@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from mpitrain.comm.fusion import check_threshold
+from mpitrain import comm
 
 THRESHOLDS = (0, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 ALGORITHMS = ("mpi", "ring")
@@ -169,5 +169,5 @@ def for_optimizer(state, gather, threshold_bytes, gradient_bytes, set_threshold)
     called on every rank of ``state`` (it may make one collective call)."""
     if not state.settings.autotune or state.size == 1:
         return None
-    start = Trial(check_threshold(threshold_bytes), state.settings.algorithm)
+    start = Trial(comm.check_threshold(threshold_bytes), state.settings.algorithm)
     return Autotuner(state, gather, start, gradient_bytes, set_threshold)

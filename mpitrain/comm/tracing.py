@@ -1,7 +1,7 @@
 """``mt.start_timeline(path)`` / ``mt.stop_timeline()``: the timeline switched on and off while a
 job runs (Horovod's names), besides ``--timeline`` / ``MPITRAIN_TIMELINE`` for a whole CLI run.
 
-The file is the flag's (timeline.py): every rank records its own spans from ``start_timeline``
+The file is the flag's (mpitrain/timeline/): every rank records its own spans from ``start_timeline``
 on; ``stop_timeline`` gathers them and rank 0 alone writes one merged Chrome trace to rank 0's
 ``path``, atomically. So events appear only between the two calls, and each call is collective:
 every rank calls it, in the same order as its other collectives, between training steps (not
@@ -17,14 +17,15 @@ rank 0 cannot write is an error on every rank (agreed before anything starts).
 """
 import os
 
+from mpitrain import timeline
 from mpitrain.comm import world
+from mpitrain.comm.kinds import Kind
 
 
 def start_timeline(file_path, mark_cycles=False):
     """Start recording every rank's spans into a timeline that ``stop_timeline`` writes to
     ``file_path`` (rank 0's). mark_cycles: an instant "cycle" event at each gradient
     averaging round. Collective; returns the Timeline."""
-    from mpitrain import timeline   # late: `python -m mpitrain.timeline` must load it first
     state = world.current()
     error = None
     active = timeline.current()
@@ -36,7 +37,7 @@ def start_timeline(file_path, mark_cycles=False):
     elif state.rank == 0:                 # the one rank that writes: its path must take a file
         error = _unwritable(os.fspath(file_path))
     # one agreement: an error on any rank is raised on every rank, and none starts recording
-    state.agreement("start_timeline", {"mark_cycles": bool(mark_cycles)},
+    state.agreement(Kind.START_TIMELINE, {"mark_cycles": bool(mark_cycles)},
                     error=None if error is None else f"start_timeline: {error}")
     return timeline.activate(timeline.Timeline(os.fspath(file_path), state.rank,
                                                mark_cycles=mark_cycles))
@@ -46,7 +47,6 @@ def stop_timeline():
     """Stop recording; rank 0 writes every rank's events, merged, to the path given to
     ``start_timeline``. Collective; returns that path on rank 0, None elsewhere (and None on
     every rank when no timeline was recording)."""
-    from mpitrain import timeline
     active = timeline.current()
     if not active.enabled:
         return None

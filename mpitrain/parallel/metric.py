@@ -21,7 +21,7 @@ import numbers
 
 import numpy as np
 
-from mpitrain.comm import collectives
+from mpitrain import comm
 
 
 class Metric:
@@ -32,7 +32,7 @@ class Metric:
     ``avg`` is NaN before any sample has been counted (a mean of nothing).
     """
 
-    def __init__(self, name, process_set=collectives.GLOBAL):
+    def __init__(self, name, process_set=comm.global_process_set):
         if not isinstance(name, str) or not name:
             raise ValueError(f"Metric: name {name!r} must be a non-empty string")
         self.name = name
@@ -44,9 +44,9 @@ class Metric:
         """Add ``value`` (a mean over ``n`` samples, n >= 0) from every rank; collective."""
         x, error = _as_float(self.name, value, n)
         contribution = 0.0 if error or n == 0 else x * n
-        totals = collectives.allreduce(
+        totals = comm.allreduce(
             np.array([contribution, 0 if error else n, 1.0 if error else 0.0], np.float64),
-            op=collectives.Sum, name=self.name, process_set=self.process_set)   # (3,)
+            op=comm.Sum, name=self.name, process_set=self.process_set)   # (3,)
         if error:
             raise ValueError(error)
         if totals[2]:

@@ -1,4 +1,4 @@
-"""Command line of ``mpirun -np N python -m mpitrain``: flags -> Config -> train.run.
+"""Command line of ``mpirun -np N python -m mpitrain``: flags -> Config -> setup.run.
 
 One flag per Config field, generated from the field metadata in config.py, so the flag, the
 ``MPITRAIN_<NAME>`` variable and the default can never disagree. Flags only override what they
@@ -16,8 +16,8 @@ import argparse
 import os
 import sys
 
-from mpitrain import config as cfg
-from mpitrain.config import UsageError
+from mpitrain.runtime.errors import DataError, Interrupted, OutputError, UsageError
+from mpitrain.train import config as cfg
 
 EXIT_USAGE = 2
 EXIT_OUTPUT = 1
@@ -43,28 +43,36 @@ def build_parser():
                                  "(mpirun -np N python -m mpitrain [flags]). Every flag can also "
                                  "be set as MPITRAIN_<FLAG_NAME> in the environment; flags win.",
                      argument_default=argparse.SUPPRESS)
-    for f in cfg.fields():
-        flag = "--" + f.name.replace("_", "-")
-        kind = cfg.field_type(f)
-        help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
-        if kind is bool:
-            off = f.metadata.get("off_flag")
-            on_help = f"the default: {help_text}" if f.default else help_text
-            parser.add_argument(flag, dest=f.name, action="store_true", help=on_help)
-            if off:  # e.g. --no-progress; the last of the two flags wins
-                off_flag = "--" + off.replace("_", "-")
-                parser.add_argument(off_flag, dest=f.name, action="store_false",
-                                    help=f"turn {flag} off [env {cfg.env_name(off)}=1]"
-                                    if f.default else f"undo {flag} (the default)")
-        else:
-            default = f.default if f.default is not None else "-"
-            if isinstance(default, tuple):
-                default = ",".join(map(str, default))
-            choices = f.metadata.get("choices")
-            metavar = "{" + ",".join(choices) + "}" if choices else f.name.upper()
-            parser.add_argument(flag, dest=f.name, type=_typed(f), metavar=metavar,
-                                help=f"{help_text} (default: {default})")
+    fields = {f.name: f for f in cfg.fields()}
+    for section, title, names in cfg.SECTIONS:
+        group = parser.add_argument_group(f"{section}: {title}")
+        for name in names:
+            _add_flag(group, fields[name])
     return parser
+
+
+def _add_flag(parser, f):
+    """The flag of Config field ``f`` (and its off flag, e.g. --no-progress)."""
+    flag = "--" + f.name.replace("_", "-")
+    kind = cfg.field_type(f)
+    help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
+    if kind is bool:
+        off = f.metadata.get("off_flag")
+        on_help = f"the default: {help_text}" if f.default else help_text
+        parser.add_argument(flag, dest=f.name, action="store_true", help=on_help)
+        if off:  # e.g. --no-progress; the last of the two flags wins
+            off_flag = "--" + off.replace("_", "-")
+            parser.add_argument(off_flag, dest=f.name, action="store_false",
+                                help=f"turn {flag} off [env {cfg.env_name(off)}=1]"
+                                if f.default else f"undo {flag} (the default)")
+    else:
+        default = f.default if f.default is not None else "-"
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        choices = f.metadata.get("choices")
+        metavar = "{" + ",".join(choices) + "}" if choices else f.name.upper()
+        parser.add_argument(flag, dest=f.name, type=_typed(f), metavar=metavar,
+                            help=f"{help_text} (default: {default})")
 
 
 def _typed(f):
@@ -101,15 +109,14 @@ def _rank():
 def run_cli(argv=None):
     """Parse and train; bad input, an unwritable output and Ctrl-C are one line on rank 0 and
     exit codes EXIT_USAGE, EXIT_OUTPUT and EXIT_INTERRUPTED (returned, not raised)."""
-    from mpitrain import train
-    from mpitrain.data import DataError
+    from mpitrain.train.setup import run
     try:
-        train.run(parse(argv))
+        run(parse(argv))
     except (UsageError, DataError) as exc:
         return _fail(f"mpitrain: error: {exc}", EXIT_USAGE)
-    except train.OutputError as exc:
+    except OutputError as exc:
         return _fail(f"mpitrain: error: {exc}", EXIT_OUTPUT)
-    except train.Interrupted as exc:
+    except Interrupted as exc:
         return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
     except KeyboardInterrupt:                   # while parsing or importing
         return _fail("mpitrain: interrupted while starting", EXIT_INTERRUPTED)
@@ -129,15 +136,15 @@ def finish(code):
     not reach may wait in a collective for ever, and finalising would wait for it; a process
     that exits without it makes the launcher end the job."""
     if code == EXIT_INTERRUPTED:
-        from mpitrain.comm import abort
-        abort.exit_now(code)
+        from mpitrain import comm
+        comm.exit_now(code)
     sys.exit(code)
 
 
 def main(argv=None):
     """Console-script entry point (``mpitrain ...``); same as ``python -m mpitrain``."""
-    from mpitrain.comm import abort
-    abort.install_abort_hook()
+    from mpitrain import comm
+    comm.install_abort_hook()
     finish(run_cli(argv))
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from mpitrain.timeline.summary import main
+
+sys.exit(main())
