@@ -56,7 +56,7 @@ from mpitrain.parallel.optimizer import DistributedOptimizer
 # Checkpoints for your own loop: mt.checkpoint.save / load_latest (collective, rank 0 writes).
 from mpitrain.train import checkpoint
 
-# Evaluation (evaluation.py): every test sample scored once, counts summed across ranks.
+# Evaluation (parallel/evaluation.py): every test sample scored once, counts summed across ranks.
 from mpitrain.parallel.evaluation import evaluate
 from mpitrain.parallel.metric import Metric
 

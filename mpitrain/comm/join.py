@@ -22,7 +22,7 @@ broadcast from (Horovod's idiom).
 Average while ranks are joined divides by the whole set's size, joined ranks included (their
 zeros count): PyTorch's Join default (``divide_by_initial_world_size=True``) and what keeps an
 average of per-rank means equal to the mean over samples when each rank scales its gradient by
-``size * local_samples / global_samples`` (train.py's --uneven does). Tested against a
+``size * local_samples / global_samples`` (the trainer's --uneven does). Tested against a
 single-process reference in tests/mpi/test_join.py.
 
 A joined rank updates nothing of its own: the gradients it helps to average are applied by the

@@ -10,7 +10,7 @@ the fastest. ``DistributedOptimizer`` (gradients mode, more than one rank) makes
     trial k   fusion threshold t x algorithm a, t in THRESHOLDS, a in ("mpi", "ring")
 
 The first SETTLE_STEPS steps of the run are not part of any trial (JIT compilation, first
-touches of buffers: train.py's step times leave out the first 5 for the same reason); then each
+touches of buffers: the trainer's step times leave out the first 5 for the same reason); then each
 trial runs ``MPITRAIN_AUTOTUNE_WARMUP_STEPS`` untimed steps (the first one rebuilds and
 agrees the bucket plan) and ``MPITRAIN_AUTOTUNE_STEPS`` timed ones; a step's time is the wall time
 from the end of the previous ``step()`` to the end of this one. The trial's score is the median

@@ -3,7 +3,7 @@
 Write to a temp file in the destination's folder (same filesystem, so the rename is atomic),
 fsync it, ``os.replace`` it onto the final name, then fsync the folder so the rename itself
 survives a crash. On any failure the temp file is removed and the destination is untouched.
-Used for checkpoints and ``--save`` (checkpoint.py), timelines (timeline.py) and verified
+Used for checkpoints and ``--save`` (train/checkpoint.py), timelines (mpitrain/timeline/) and verified
 downloads (data/fetch.py).
 """
 import os

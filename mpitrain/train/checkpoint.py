@@ -21,7 +21,7 @@ checksum; ``read_latest`` skips damaged files and takes the newest valid one.
 
 Two levels, one format:
 - ``write`` / ``read_latest`` / ``load``: one process, plain data (host arrays, dicts). The CLI's
-  trainer (train.py) calls them on rank 0 and broadcasts what it read.
+  trainer (loop.py, setup.py) calls them on rank 0 and broadcasts what it read.
 - ``save(directory, model, optimizer, step=..., extra=...)`` / ``load_latest(directory, model,
   optimizer)``: collective, for your own loop. Every rank calls them; rank 0 alone touches the
   folder; a failure on rank 0 (a full disk, a checkpoint that does not fit the model) is the same

@@ -5,7 +5,7 @@ One flag per Config field, generated from the field metadata in config.py, so th
 name (argparse.SUPPRESS), which gives the layering defaults < env < flags.
 
 Bad input is a ``UsageError`` (or the data layer's ``DataError``): every rank reaches it from the
-same config (or from a value agreed across ranks in train.py), rank 0 alone prints one line, and
+same config (or from a value agreed across ranks in setup.py), rank 0 alone prints one line, and
 every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written. A file
 that cannot be written mid-run (a full disk) is the same on every rank too: one line, exit code
 1. Ctrl-C is one line on rank 0 with the step reached and the last checkpoint, exit code 130,

@@ -240,7 +240,7 @@ class Config:
 
     def _validate_deterministic(self):
         """--deterministic against the flags it cannot keep its promise with (the checks that
-        need the number of ranks are train.py's)."""
+        need the number of ranks are setup.py's)."""
         m = self.micro_shards
         if m < 1 or m & (m - 1):
             raise UsageError(f"--micro-shards {m!r}: must be a power of two (1, 2, 4, 8, ...)")
