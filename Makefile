@@ -33,6 +33,7 @@ $(RUN_STAMP): setup.py
 	$(PY) -m pip install -q -e '.[mpich]'
 	touch $@
 
+# The test extra includes torch (pinned: pip takes the CPU wheel) for mpitrain.torch's tests.
 $(STAMP): $(RUN_STAMP)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@

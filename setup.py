@@ -25,7 +25,11 @@ setup(
         "cuda12": ["cupy-cuda12x"],
         "cuda13": ["cupy-cuda13x"],
         "cuda": ["cupy-cuda12x"],
-        "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis"],
+        # PyTorch for mpitrain.torch (horovod.torch's API); pinned so that pip takes the CPU
+        # wheel instead of resolving a CUDA build.
+        "torch": ["torch==2.13.0"],
+        "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis",
+                 "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain=mpitrain.train.cli:main"]},
 )

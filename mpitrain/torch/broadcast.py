@@ -1,0 +1,107 @@
+"""The broadcasts that start every replica from one model: ``broadcast_parameters`` (the
+model's tensors, in place) and ``broadcast_optimizer_state`` (any torch optimizer's state).
+
+``broadcast_parameters`` is mpitrain's own (parallel/broadcast.py: the names agreed first, then
+one in-place broadcast per tensor) given the tensors' memory: the arrays it writes are views of
+the model's tensors, so the model changes. ``broadcast_optimizer_state`` sends the root's
+state_dict: its layout and every non-tensor value (hyper-parameters such as ``lr`` and
+``betas``, scalar state) as one object, then each tensor in place, and loads the result on
+every rank -- so a fresh optimizer (no state yet) ends up identical to a loaded one.
+"""
+import torch
+
+import mpitrain
+from mpitrain import comm
+from mpitrain.torch.ops import broadcast_
+from mpitrain.torch.tensors import Bridge, Problem, refuse, tensor_problem
+
+
+def broadcast_parameters(params, root_rank=0, process_set=comm.global_process_set):
+    """Overwrite every tensor of ``params`` with ``root_rank``'s values, in place.
+
+    params: ``model.state_dict()`` (parameters and buffers; any dict name -> tensor),
+    ``model.named_parameters()`` or ``model.parameters()`` (every rank listing them in the same
+    order). A tensor that cannot be written in place (not contiguous, an unsupported dtype) is
+    an error on every rank, before any data moves; so are names that differ across ranks.
+    """
+    if isinstance(params, dict):
+        pairs = list(params.items())
+    else:
+        pairs = list(params)
+        if pairs and not isinstance(pairs[0], tuple):        # model.parameters(): no names
+            pairs = [(f"param.{i}", p) for i, p in enumerate(pairs)]
+    arrays, problem = {}, None
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            problem = Problem(ValueError, "broadcast_parameters: expected a dict of tensors, "
+                                          "(name, tensor) pairs or tensors")
+            break
+        name, tensor = pair
+        problem = tensor_problem(tensor, f"broadcast_parameters: {name!r}")
+        if problem is not None:
+            break
+        arrays[str(name)] = Bridge(tensor, True, move_only=True).array
+    if problem is not None:
+        refuse("allgather_object", problem, process_set)  # what the others call first
+    mpitrain.broadcast_parameters(arrays, root_rank=root_rank, process_set=process_set)
+    if any(t.is_cuda for _, t in pairs):
+        torch.cuda.synchronize()
+
+
+class _Slot:
+    """A tensor's place in the root's optimizer state: its shape and dtype."""
+
+    def __init__(self, tensor):
+        self.shape = tuple(tensor.shape)
+        self.dtype = tensor.dtype
+
+
+def _skeleton(value):
+    """``value`` with every tensor replaced by its _Slot (what travels as one object)."""
+    if isinstance(value, torch.Tensor):
+        return _Slot(value)
+    if isinstance(value, dict):
+        return {k: _skeleton(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_skeleton(v) for v in value]
+    return value
+
+
+def _fill(skeleton, mine, tensors, path):
+    """The state to load: the root's layout, this rank's tensor where it has one of the same
+    shape and dtype (its values are overwritten), else a new one; collects them in order."""
+    if isinstance(skeleton, _Slot):
+        ok = (isinstance(mine, torch.Tensor) and tuple(mine.shape) == skeleton.shape
+              and mine.dtype is skeleton.dtype)
+        tensor = (mine.detach().to("cpu", copy=True).contiguous() if ok
+                  else torch.zeros(skeleton.shape, dtype=skeleton.dtype))
+        tensors.append((path, tensor))
+        return tensor
+    if isinstance(skeleton, dict):
+        mine = mine if isinstance(mine, dict) else {}
+        return {k: _fill(v, mine.get(k), tensors, f"{path}.{k}") for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        mine = mine if isinstance(mine, list) and len(mine) == len(skeleton) else []
+        return [_fill(v, mine[i] if mine else None, tensors, f"{path}.{i}")
+                for i, v in enumerate(skeleton)]
+    return skeleton
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_process_set):
+    """Give every rank ``root_rank``'s optimizer state, for any ``torch.optim.Optimizer``:
+    tensor state (momentum buffers, Adam's moments and ``step``), scalar state and every
+    ``param_groups`` hyper-parameter (``lr``, ``momentum``, ``betas``, ...)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        refuse("broadcast_object", Problem(TypeError, f"broadcast_optimizer_state: expected a "
+                                                      f"torch.optim.Optimizer, got "
+                                                      f"{type(optimizer).__name__}"),
+               process_set)
+    state = optimizer.state_dict()
+    skeleton = comm.broadcast_object(_skeleton(state), root_rank=root_rank,
+                                     process_set=process_set)
+    tensors = []
+    new = _fill(skeleton, state, tensors, "state_dict")
+    for path, tensor in tensors:
+        broadcast_(tensor, root_rank, name=f"broadcast_optimizer_state.{path}",
+                   process_set=process_set)
+    optimizer.load_state_dict(new)

@@ -1,0 +1,63 @@
+"""Gradient and allreduce compression on tensors (horovod.torch's ``Compression``).
+
+``Compression.none`` leaves tensors as they are; ``Compression.fp16`` sends floating-point
+tensors as float16 (half the bytes, about three significant digits) and casts the result back.
+Any object with Horovod's two static methods works wherever a compression is taken:
+``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
+
+DistributedOptimizer does not call the built-in two per gradient: it hands the matching
+built-in of mpitrain's own (``mt.Compression``) to the gradient buckets, which cast into
+persistent wire buffers instead of allocating a tensor per step (``builtin``).
+"""
+import torch
+
+import mpitrain
+
+
+class NoneCompressor:
+    """Tensors travel as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor:
+    """Floating-point tensors travel as float16 and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype is not torch.float16:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class Compression:
+    """``Compression.none`` and ``Compression.fp16`` (Horovod's names)."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def is_compression(obj):
+    """True for an object with Horovod's compress() and decompress()."""
+    return callable(getattr(obj, "compress", None)) and callable(getattr(obj, "decompress",
+                                                                          None))
+
+
+def builtin(compression):
+    """mpitrain's own built-in equivalent of ``compression`` (which runs inside the gradient
+    buckets, overlapped), or None for a user's compressor."""
+    if compression is NoneCompressor:
+        return mpitrain.Compression.none
+    if compression is FP16Compressor:
+        return mpitrain.Compression.fp16
+    return None

@@ -1,0 +1,223 @@
+"""DistributedOptimizer for torch: horovod.torch's wrapper, riding on mpitrain's own.
+
+``DistributedOptimizer(optimizer, ...)`` returns an object of a subclass of the optimizer's own
+class (as Horovod does: ``isinstance(opt, torch.optim.SGD)`` holds, lr schedulers and GradScaler
+take it) that shares the optimizer's ``param_groups`` and ``state``. Underneath, mpitrain's
+DistributedOptimizer (parallel/) does the averaging through the adapter (adapter.py):
+
+- each parameter's gradient goes to the gradient buckets as soon as autograd has accumulated
+  it (``register_post_accumulate_grad_hook``), so its allreduce runs on the comm thread while
+  backward computes the earlier layers;
+- ``step()`` waits for the buckets, the averages land in ``p.grad``, then the torch optimizer's
+  own ``step`` runs; ``synchronize()`` and ``skip_synchronize()`` split the two (clip, unscale);
+- ``backward_passes_per_step=k``: the k backward passes sum into ``p.grad`` and the k-th starts
+  the average; ``step()`` after another count is a ValueError on every rank (never an error
+  inside backward) and drops the gradients;
+- a parameter without a gradient this step (unused by this rank's forward) is sent as zeros at
+  ``step()``, so no rank waits for it;
+- join (``hvd.join()``), process sets, ``Compression.fp16`` (cast in the buckets) and the stall
+  watchdog are mpitrain's.
+"""
+import contextlib
+
+import torch
+
+from mpitrain import comm
+from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributedOptimizer
+from mpitrain.torch.adapter import TorchOptimizer, TorchParameter
+from mpitrain.torch.compression import Compression, builtin, is_compression
+
+
+# The attribute of a parameter holding the hook of the newest DistributedOptimizer wrapping it:
+# wrapping the same parameters again (a new optimizer each epoch) must not leave the old one
+# reporting gradients to buckets that no step will ever finish.
+HOOK_ATTRIBUTE = "mpitrain_gradient_hook"
+
+
+class TensorCompressor:
+    """A user's tensor compressor (Horovod's protocol) as mpitrain's array one: the gradient
+    array is given to it as a tensor sharing its memory, and its tensors come back as arrays."""
+
+    def __init__(self, compression):
+        self.compression = compression
+
+    def compress(self, array):
+        wire, ctx = self.compression.compress(torch.from_numpy(array))
+        return wire.detach().contiguous().numpy(), ctx
+
+    def decompress(self, array, ctx):
+        return self.compression.decompress(torch.from_numpy(array), ctx).detach().numpy()
+
+    def __repr__(self):
+        return repr(self.compression)
+
+
+class DistributedMixin:
+    """What DistributedOptimizer adds to the optimizer's class (the class it returns is
+    ``type(name, (DistributedMixin, type(optimizer)), {})``: ``super()`` below is the
+    optimizer's own method)."""
+
+    def setup(self, named_parameters, compression, backward_passes_per_step, op,
+              gradient_predivide_factor, process_set, sparse_as_dense, overlap,
+              fusion_threshold_bytes):
+        params = trained_parameters(self.param_groups)
+        names = parameter_names(params, named_parameters)
+        for p in params:
+            if p.dtype is torch.bfloat16:
+                raise ValueError(f"DistributedOptimizer: parameter {names[id(p)]!r} is "
+                                 f"bfloat16, which the gradient buckets do not carry; keep "
+                                 f"float32 parameters (torch.autocast computes in bfloat16)")
+        adapters = [TorchParameter(p, names[id(p)], sparse_as_dense) for p in params]
+        self.mt_inner = TorchOptimizer(self, adapters)
+        if not is_compression(compression):
+            raise ValueError(f"compression {compression!r}: expected Compression.none, "
+                             f".fp16 or an object with compress(tensor) -> (tensor, ctx) and "
+                             f"decompress(tensor, ctx) -> tensor")
+        wire = builtin(compression)
+        self.mt_optimizer = ArrayDistributedOptimizer(
+            self.mt_inner, named_parameters=[(a.name, a) for a in adapters],
+            compression=wire if wire is not None else TensorCompressor(compression),
+            op=op, gradient_predivide_factor=gradient_predivide_factor,
+            backward_passes_per_step=backward_passes_per_step, process_set=process_set,
+            overlap=overlap, fusion_threshold_bytes=fusion_threshold_bytes)
+        self.compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.process_set = process_set
+        self.on_device = any(p.is_cuda for p in params)
+        report = self.mt_optimizer.backward_hook
+        self.mt_hooks = []
+        for p, a in zip(params, adapters):
+            previous = getattr(p, HOOK_ATTRIBUTE, None)
+            if previous is not None:
+                previous.remove()
+            handle = p.register_post_accumulate_grad_hook(
+                lambda tensor, adapter=a: report((adapter,)))
+            setattr(p, HOOK_ATTRIBUTE, handle)
+            self.mt_hooks.append(handle)
+
+    # -- Horovod's surface -------------------------------------------------------------------
+    def synchronize(self):
+        """Average every gradient across ranks now (waits for the buckets backward started),
+        in place in ``p.grad``; then check the count of backward passes on every rank."""
+        self.device_barrier()
+        self.mt_optimizer.synchronize()
+        self.device_barrier()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside this block does not synchronize (call ``synchronize()`` first)."""
+        with self.mt_optimizer.skip_synchronize():
+            yield
+
+    def step(self, closure=None):
+        """Synchronize (unless done already, or inside ``skip_synchronize()``), then the
+        optimizer's own step; returns what that returns (the closure's loss)."""
+        self.device_barrier()
+        self.mt_inner.step_args = () if closure is None else (closure,)
+        self.mt_inner.result = None
+        try:
+            self.mt_optimizer.step()
+        finally:
+            self.mt_inner.step_args = ()
+        return self.mt_inner.result
+
+    def zero_grad(self, set_to_none=True):
+        """Zero the gradients (``set_to_none`` as torch's); drops a partial accumulation."""
+        self.mt_inner.zero_grad_args = (set_to_none,)
+        try:
+            self.mt_optimizer.zero_grad()
+        finally:
+            self.mt_inner.zero_grad_args = ()
+
+    def no_sync(self):
+        """``with opt.no_sync():`` backward passes inside sum into ``p.grad`` without being
+        averaged or counted; the next pass outside averages them all (PyTorch DDP's idiom)."""
+        return self.mt_optimizer.no_sync()
+
+    def set_backward_passes_per_step(self, passes):
+        """Horovod's setter is not offered: the count is fixed at construction."""
+        raise NotImplementedError("backward_passes_per_step is fixed when the optimizer is "
+                                  "wrapped; wrap it again to change it")
+
+    def remove_hooks(self):
+        """Stop reporting gradients to the buckets (the optimizer then averages at step()).
+        Wrapping the same parameters in a new DistributedOptimizer does this for the old one."""
+        for handle in self.mt_hooks:
+            handle.remove()
+        self.mt_hooks = []
+
+    # -- what the adapter calls --------------------------------------------------------------
+    def inner_step(self, *args):
+        return super().step(*args)
+
+    def inner_zero_grad(self, *args):
+        return super().zero_grad(*args)
+
+    def device_barrier(self):
+        """CUDA: torch's queued kernels finish before MPI or NCCL touch the gradients."""
+        if self.on_device:
+            torch.cuda.synchronize()
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=comm.Average,
+                         gradient_predivide_factor=1.0, process_set=comm.global_process_set,
+                         sparse_as_dense=False, overlap=True, fusion_threshold_bytes=None):
+    """Wrap a ``torch.optim.Optimizer`` so that N replicas train as one model.
+
+    The result is an instance of a subclass of the optimizer's class sharing its param_groups
+    and state (use it instead of the original from now on). Arguments as Horovod's;
+    ``named_parameters`` (e.g. ``model.named_parameters()``) names the buckets' tensors in error
+    messages; op: Average or Sum; ``gradient_predivide_factor`` f divides before the sum and
+    multiplies by f after it. mpitrain's own: ``overlap`` (False: average everything at
+    ``step()``), ``fusion_threshold_bytes`` (bucket size; default 4 MiB, or
+    MPITRAIN_FUSION_THRESHOLD).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, DistributedMixin):
+        raise ValueError("the optimizer is already a DistributedOptimizer")
+    base = type(optimizer)
+    cls = type(base.__name__, (DistributedMixin, base), {"__module__": base.__module__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)        # the same param_groups, state, hooks
+    wrapped.setup(named_parameters, compression, backward_passes_per_step, op,
+                  gradient_predivide_factor, process_set, sparse_as_dense, overlap,
+                  fusion_threshold_bytes)
+    return wrapped
+
+
+def trained_parameters(param_groups):
+    """The parameters whose gradients are averaged: every group's, in order, once each, those
+    that require grad (as Horovod: frozen ones are not sent)."""
+    seen, params = set(), []
+    for group in param_groups:
+        for p in group["params"]:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def parameter_names(params, named_parameters):
+    """{id(p): name}: from ``named_parameters`` (names of other tensors are ignored, as in
+    Horovod; a duplicate name or an optimizer parameter without one is a ValueError), else
+    ``param.<i>`` in optimizer order."""
+    if named_parameters is None:
+        return {id(p): f"param.{i}" for i, p in enumerate(params)}
+    pairs = list(named_parameters)
+    if any(not (isinstance(pair, tuple) and len(pair) == 2) for pair in pairs):
+        raise ValueError("named_parameters: expected (name, parameter) pairs, as "
+                         "model.named_parameters() gives")
+    names, seen = {}, set()
+    for name, p in pairs:
+        if name in seen:
+            raise ValueError(f"named_parameters: duplicate name {name!r}")
+        seen.add(name)
+        names.setdefault(id(p), name)
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"named_parameters: optimizer parameters {missing} have no name; "
+                         f"name every parameter (model.named_parameters())")
+    return {id(p): names[id(p)] for p in params}
