@@ -103,7 +103,7 @@ lint: venv
 	$(PY) -m pyflakes mpitrain kernels benchmarks tools tests
 
 loc:
-	@wc -l mpitrain/*.py mpitrain/*/*.py kernels/*.py | sort -n | tail -n 25
+	@wc -l mpitrain/*.py mpitrain/*/*.py kernels/*.py kernels/*/*.py | sort -n | tail -n 25
 
 clean:
 	rm -rf $(VENV) build *.egg-info out

@@ -10,7 +10,9 @@ setup(
     version="0.1.0",
     description="Data-parallel trainer over MPI: ring-allreduce, Numba/CuPy kernels, no compiler",
     python_requires=">=3.10",
-    packages=find_packages(include=["mpitrain", "mpitrain.*"]) + ["mpitrain.kernels"],
+    # kernels/ and its backend packages (kernels/cpu/, kernels/cuda_*/) are mpitrain.kernels.*
+    packages=find_packages(include=["mpitrain", "mpitrain.*"]) + ["mpitrain.kernels"]
+    + [f"mpitrain.kernels.{p}" for p in find_packages("kernels")],
     package_dir={"mpitrain.kernels": "kernels"},
     install_requires=["numpy>=1.24", "numba>=0.58", "mpi4py>=4.0", "tqdm"],
     extras_require={

@@ -1,4 +1,4 @@
-"""float16 on the CPU: kernels/cpu.py's Numba half kernels vs NumPy's float16, in one run.
+"""float16 on the CPU: the Numba half kernels of kernels/cpu/ vs NumPy's float16, in one run.
 
     python benchmarks/fp16.py [--elements 1048576 4194304] [--magnitude 0.01] [--rounds 7]
                               [--repeat 5] [--json PATH]
@@ -6,7 +6,7 @@
 The fp16 gradient compression (``--fp16-allreduce``) spends its CPU time in four operations: the
 float32 -> float16 cast before the allreduce, the ring's ``reduce_into(.., "sum")`` on float16, the
 average's ``scale`` and the float16 -> float32 cast after it. Each is timed through
-``kernels.cpu`` (Numba on uint16 bit patterns, kernels/half.py) and through the NumPy call it
+``kernels.cpu`` (Numba on uint16 bit patterns, kernels/cpu/half.py) and through the NumPy call it
 replaced, on the same arrays in the same run, so the ratio holds on a noisy shared machine even
 when the absolute times drift. Each figure is the best of ``--rounds`` rounds of the mean of
 ``--repeat`` calls. Both results are compared bit for bit before any timing: a mismatch aborts the

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchdeps, also when loaded by path
@@ -69,15 +70,24 @@ def parse_args(argv=None):
     return args
 
 
+def _set_kernel(k, name, fn):
+    """Kernel ``name`` of backend ``k`` becomes ``fn``, in the package and in each of its modules
+    that holds the current one, so the backend's own calls (the CuPy convolution's) see it too."""
+    old = getattr(k, name)
+    for holder in [k] + [m for m in vars(k).values() if isinstance(m, types.ModuleType)]:
+        if vars(holder).get(name) is old:
+            setattr(holder, name, fn)
+
+
 def gemm_plan(k, step):
     """The GEMMs one training step issues, recorded while ``step()`` runs once:
     [(a_shape, b_shape, trans_a, trans_b, out_shape, times)].
 
     Through the backend's ``gemm`` (the CuPy flavour's own convolution calls it too), and for the
-    CPU's own convolution (kernels/cpu_conv.py, whose per-image GEMMs run inside it) the shapes
+    CPU's own convolution (kernels/cpu/conv.py, whose per-image GEMMs run inside it) the shapes
     it reports for each call.
     """
-    from mpitrain.kernels import cpu_conv
+    from mpitrain.kernels.cpu import conv as cpu_conv
     plan, saved = [], {name: getattr(k, name) for name in ("gemm", "conv2d_backward")
                        if hasattr(k, name) and (name == "gemm" or k.name == "cpu")}
 
@@ -92,14 +102,14 @@ def gemm_plan(k, step):
         return saved["conv2d_backward"](x, weight, y, grad_y, stride, pad, relu, grad_weight,
                                         accumulate_weight, grad_bias, grad_x)
 
-    k.gemm = gemm
+    _set_kernel(k, "gemm", gemm)
     if "conv2d_backward" in saved:
-        k.conv2d_backward = conv2d_backward
+        _set_kernel(k, "conv2d_backward", conv2d_backward)
     try:
         step()
     finally:
         for name, fn in saved.items():
-            setattr(k, name, fn)
+            _set_kernel(k, name, fn)
     return plan
 
 
@@ -138,13 +148,13 @@ def profile_kernels(k, step, steps, clock=time.perf_counter):
     for name in PROFILED:
         if hasattr(k, name):
             saved[name] = getattr(k, name)
-            setattr(k, name, wrap(name, saved[name]))
+            _set_kernel(k, name, wrap(name, saved[name]))
     try:
         for _ in range(steps):
             step()
     finally:
         for name, fn in saved.items():
-            setattr(k, name, fn)
+            _set_kernel(k, name, fn)
     return {key: v / steps * 1e3 for key, v in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 

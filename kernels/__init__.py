@@ -1,4 +1,4 @@
-"""Kernel registry: one module per backend, the same names in each.
+"""Kernel registry: one package per backend, the same names in each.
 
 Layers, losses and optimizers never import NumPy/CuPy/Numba kernels directly and never branch on the
 array type: they ask ``get(device, flavour)`` for a backend module and call its kernels. Backends:
@@ -8,10 +8,10 @@ array type: they ask ``get(device, flavour)`` for a backend module and call its 
     ("cuda", "numba")  -> mpitrain.kernels.cuda_numba   device arrays, numba.cuda kernels for all
                                                        (runs under NUMBA_ENABLE_CUDASIM=1 too)
 
-The contract every backend module implements (the names and parameters as code: contract.py,
-which the tests check against all three backends; arrays are the backend's own array type,
-C-contiguous, float32 or float64 unless stated; "in place" kernels return None; outputs are
-preallocated by the caller so steady-state training allocates nothing):
+The contract every backend implements (names and parameters as code: contract.py, which the tests
+check and each backend package's namespace follows; shape checks: checks.py; arrays are the
+backend's own array type, C-contiguous, float32 or float64 unless stated; "in place" kernels
+return None; outputs are preallocated by the caller so steady-state training allocates nothing):
 
 Memory
     name                                  str, e.g. "cpu", "cuda-numba", "cuda-cupy"
@@ -63,13 +63,13 @@ Loss
                                           + log1p(exp(-|x|)) (stable); grad = (sigmoid(x) -
                                           target) / n
 Convolution (im2col + GEMM; rows of cols are output pixels in (n, oh, ow) order;
-            device backends' shape check: kernels/host_shape.py)
+            device backends' shape check: kernels/checks.py)
     im2col(x, cols, kh, kw, stride, pad)  x (N, C, H, W) -> cols (N*OH*OW, C*KH*KW)
     col2im(cols, dx, kh, kw, stride, pad) overwrites dx (N, C, H, W) with the scatter-add of cols
     nhwc_to_nchw(src, dst)                src (N*OH*OW, C) -> dst (N, C, OH, OW)
     nchw_to_nhwc(src, dst)                src (N, C, OH, OW) -> dst (N*OH*OW, C)
     (optional, not in the contract: a backend may add conv2d_forward / conv2d_backward, its own
-    whole convolution, which Conv2D then uses instead; the CPU (kernels/cpu_conv.py) and the
+    whole convolution, which Conv2D then uses instead; the CPU (kernels/cpu/conv.py) and the
     CuPy flavour do)
 Pooling and dropout
     maxpool_forward(x, y, argmax, k, stride)

@@ -72,6 +72,20 @@ KERNELS = {
     # collective reductions
     "reduce_into": ("dst", "src", "op"),
 }
+# Kernels a backend may add (kernels/__init__.py): Conv2D and SGD use them where they exist.
+OPTIONAL = ("conv2d_forward", "conv2d_backward", "sgd_update_group")
+
+
+def collect(*modules):
+    """A backend package's namespace: every kernel of the contract and every optional one, from
+    the one of ``modules`` that defines it (an object imported into two of them counts once)."""
+    found = {}
+    for module in modules:
+        for kernel in (*KERNELS, *OPTIONAL):
+            fn = vars(module).get(kernel)
+            if fn is not None and found.setdefault(kernel, fn) is not fn:
+                raise ImportError(f"{module.__name__} defines {kernel} a second time")
+    return found
 
 
 def violations(module):

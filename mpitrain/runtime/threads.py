@@ -80,7 +80,7 @@ def configure(threads=0, local_size=None):
     convolution's gathered path as many (it runs while BLAS is idle); returns the number."""
     import numba
 
-    from mpitrain.kernels import cpu_conv
+    from mpitrain.kernels.cpu import conv as cpu_conv
 
     n = int(threads) if threads else default_threads(local_size)
     for key in _ENV_VARS:

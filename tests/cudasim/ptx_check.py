@@ -1,4 +1,4 @@
-"""Compile every kernel of kernels/cuda_numba.py to PTX for the real CUDA target, without a GPU.
+"""Compile every kernel of kernels/cuda_numba/ to PTX for the real CUDA target, without a GPU.
 
 The simulator runs kernels as Python, so it never type-checks them the way the CUDA target does
 (shared-array shapes must be compile-time constants, some builtins need a device, ...). NVVM
@@ -24,8 +24,7 @@ Two rules are checked on the way (a line each per offence, and exit 1):
 ``--launches-only`` drives the cases and checks the second rule without compiling anything (no
 libnvvm needed).
 """
-import importlib.util
-import pathlib
+import importlib
 import re
 import sys
 import traceback
@@ -38,7 +37,6 @@ import numba.cuda.compiler as cuda_compiler
 from numba import cuda
 from numba.cuda import dispatcher
 
-HERE = pathlib.Path(__file__).resolve().parent
 CC = (8, 0)
 
 # Kernels that compute in float64 on purpose, whatever the data's dtype: sums and dot products
@@ -55,7 +53,7 @@ _F64_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*\.f64)\b", re.M)   # add.
 
 
 class HostDev(np.ndarray):
-    """A NumPy array that passes for a Numba device array in kernels/cuda_numba.py."""
+    """A NumPy array that passes for a Numba device array in kernels/cuda_numba/."""
 
     __cuda_ndarray__ = True
 
@@ -118,11 +116,7 @@ def load_module():
     cuda.device_array = lambda shape, dtype=np.float32, **_: np.zeros(shape, dtype).view(HostDev)
     cuda.to_device = lambda a: np.array(a).view(HostDev)
     cuda.synchronize = lambda: None
-    spec = importlib.util.spec_from_file_location(
-        "cuda_numba_ptx", HERE.parent.parent / "kernels" / "cuda_numba.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("mpitrain.kernels.cuda_numba")     # after the patches above
 
 
 def main(argv=()):

@@ -1,13 +1,12 @@
-"""kernels/cuda_cupy.py against the CPU kernels, its CUDA C run on the CPU (see fake_cupy.py).
+"""kernels/cuda_cupy/ against the CPU kernels, its CUDA C run on the CPU (see fake_cupy.py).
 
 There is no GPU and no CuPy in CI, so the CuPy flavour's kernel sources are compiled with the
 host C++ compiler and executed with CuPy's calling rules; the same kernel cases as the Numba
-flavour then check every kernel against kernels/cpu.py. This covers the index arithmetic and
+flavour then check every kernel against kernels/cpu/. This covers the index arithmetic and
 semantics of every ElementwiseKernel/RawKernel body and the Python glue; CuPy itself, cuBLAS and
 the GPU are covered by tests/gpu only.
 """
 import importlib.util
-import pathlib
 
 import numpy as np
 import pytest
@@ -16,8 +15,6 @@ from tests.support import fake_cupy
 from tests.support import training_cases as training
 from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 from mpitrain.kernels import contract
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
 @pytest.mark.parametrize("name, build, tol", CASES)
@@ -42,10 +39,8 @@ def test_bad_input_names_the_value(emulated):
 def test_missing_cupy_is_one_clear_import_error():
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed")
-    spec = importlib.util.spec_from_file_location("cuda_cupy_missing",
-                                                  ROOT / "kernels" / "cuda_cupy.py")
     with pytest.raises(ImportError, match=r"pip install -e '\.\[cuda\]'") as info:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        importlib.import_module("mpitrain.kernels.cuda_cupy")
     assert "\n" not in str(info.value)
 
 

@@ -9,18 +9,18 @@ import pytest
 
 def _long_k(dev):
     """(M, K, N): 2 x 2 output tiles and a K that the rule splits."""
-    edge = dev._TILE * dev._MICRO + 1
-    return edge, (8 * dev._SPLIT_MIN_STAGES + 3) * dev._TILE, edge
+    edge = dev.dense._TILE * dev.dense._MICRO + 1
+    return edge, (8 * dev.dense._SPLIT_MIN_STAGES + 3) * dev.dense._TILE, edge
 
 
 def test_rule_splits_few_tiles_with_a_long_k(dev):
-    wanted = dev._gemm_blocks_wanted()
-    stages_min = dev._SPLIT_MIN_STAGES
+    wanted = dev.dense._gemm_blocks_wanted()
+    stages_min = dev.dense._SPLIT_MIN_STAGES
     for tiles in (1, 2, 3, 4, 13, wanted - 1):
         for stages in (2 * stages_min, 8 * stages_min + 3, 103 * stages_min + 2,
                        1000 * stages_min + 1):
-            kdim = stages * dev._TILE - 1                   # a partial last K-stage
-            splits = dev._gemm_splits(tiles, kdim)
+            kdim = stages * dev.dense._TILE - 1                   # a partial last K-stage
+            splits = dev.dense._gemm_splits(tiles, kdim)
             per = -(-stages // splits)                      # K-stages per split, as the kernel
             assert splits > 1, (tiles, kdim)
             assert (splits - 1) * per < stages <= splits * per, "an empty or missing split"
@@ -30,11 +30,11 @@ def test_rule_splits_few_tiles_with_a_long_k(dev):
 
 def test_rule_keeps_k_whole(dev):
     """Enough tiles to fill the GPU, or a K too short to share: one split over all of K."""
-    wanted = dev._gemm_blocks_wanted()
-    short = (2 * dev._SPLIT_MIN_STAGES - 1) * dev._TILE
-    long = 1000 * dev._SPLIT_MIN_STAGES * dev._TILE
+    wanted = dev.dense._gemm_blocks_wanted()
+    short = (2 * dev.dense._SPLIT_MIN_STAGES - 1) * dev.dense._TILE
+    long = 1000 * dev.dense._SPLIT_MIN_STAGES * dev.dense._TILE
     for tiles, kdim in ((wanted, long), (10 * wanted, long), (1, short), (4, short), (1, 0)):
-        assert dev._gemm_splits(tiles, kdim) == 1, (tiles, kdim)
+        assert dev.dense._gemm_splits(tiles, kdim) == 1, (tiles, kdim)
 
 
 @pytest.mark.parametrize("trans_a, trans_b, accumulate", [(False, False, False),
@@ -45,7 +45,7 @@ def test_split_gemm_is_deterministic_and_matches_unsplit(dev, monkeypatch, trans
                                                          accumulate, dtype):
     m, k, n = _long_k(dev)
     tiles = 4
-    assert dev._gemm_splits(tiles, k) > 1, "the shape must split K"
+    assert dev.dense._gemm_splits(tiles, k) > 1, "the shape must split K"
     rng = np.random.default_rng(7)
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
@@ -59,8 +59,8 @@ def test_split_gemm_is_deterministic_and_matches_unsplit(dev, monkeypatch, trans
 
     split = run()
     assert split.tobytes() == run().tobytes(), "two runs of the split GEMM differ"
-    monkeypatch.setattr(dev, "_SPLIT_MIN_STAGES", 10**9)        # one split: the plain GEMM
-    assert dev._gemm_splits(tiles, k) == 1
+    monkeypatch.setattr(dev.dense, "_SPLIT_MIN_STAGES", 10**9)        # one split: the plain GEMM
+    assert dev.dense._gemm_splits(tiles, k) == 1
     whole = run()
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
     want = op_a.astype(np.float64) @ op_b.astype(np.float64) + (out0 if accumulate else 0)

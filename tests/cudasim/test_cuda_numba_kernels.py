@@ -23,7 +23,7 @@ def test_backend_has_every_contract_name(dev):
     missing = [n for n in CONTRACT if not hasattr(dev, n)]
     assert not missing, f"cuda_numba lacks {missing}"
     # names and parameters of every contract kernel; CPU-only fast paths outside the contract
-    # (kernels/cpu_conv.py's conv2d_*, which Conv2D takes only where they exist) are not required
+    # (kernels/cpu/conv.py's conv2d_*, which Conv2D takes only where they exist) are not required
     assert contract.violations(dev) == []
     assert dev.name == "cuda-numba"
 

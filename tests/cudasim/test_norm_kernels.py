@@ -1,6 +1,6 @@
 """BatchNorm, global average pooling and shortcut kernels of both GPU backends, against NumPy.
 
-tests/support/kernel_cases.py compares these kernels with kernels/cpu.py; this file checks them
+tests/support/kernel_cases.py compares these kernels with kernels/cpu/; this file checks them
 against references written from the contract (kernels/__init__.py), so that a mistake shared by
 the CPU and a device kernel still fails: every kernel on Numba CUDA (simulator) and on the CuPy
 sources (emulated, tests/support/fake_cupy.py), float32 and float64, (N, C) and (N, C, H, W),

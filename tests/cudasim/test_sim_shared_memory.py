@@ -7,7 +7,7 @@ These tests force the worst interleaving deterministically instead of waiting fo
 simulator allocation of shared memory is held until all threads of the block are inside it (all
 of them have then seen "not allocated yet"), and the arrays it returns are filled with NaN, so a
 thread reading memory that no thread of its block wrote (an orphaned array, or an uninitialised
-one) makes the result NaN or wrong. kernels/cuda_numba.py installs the race-free allocator.
+one) makes the result NaN or wrong. kernels/cuda_numba/arrays.py installs the race-free allocator.
 """
 import sys
 import threading
@@ -35,7 +35,7 @@ class _Gate:
 @pytest.fixture
 def crowded_shared_alloc(dev, monkeypatch):
     """``arm(threads_per_block)``: the next launch's shared-array allocations all meet at once."""
-    if not dev._SIM:
+    if not dev.arrays.SIM:
         pytest.skip("simulator only: a GPU allocates shared memory per block before threads run")
     from numba.cuda.simulator import kernelapi
     empty = np.empty
@@ -68,20 +68,20 @@ def test_gemm_threads_share_one_tile_buffer(dev, crowded_shared_alloc, m, n, k, 
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     want = (a.T if trans_a else a) @ (b.T if trans_b else b)                # (m, n)
     da, db, out = dev.to_device(a), dev.to_device(b), dev.zeros((m, n))
-    gate = crowded_shared_alloc(dev._TILE ** 2)
+    gate = crowded_shared_alloc(dev.dense._TILE ** 2)
     dev.gemm(da, db, out, trans_a=trans_a, trans_b=trans_b)
-    assert gate.arrived >= dev._TILE ** 2, "the allocations did not all meet in the window"
+    assert gate.arrived >= dev.dense._TILE ** 2, "the allocations did not all meet in the window"
     np.testing.assert_allclose(dev.to_host(out), want, rtol=1e-5, atol=1e-5)
 
 
 def test_block_reductions_share_one_buffer(dev, crowded_shared_alloc):
     x = np.arange(1, 101, dtype=np.float32)
-    gate = crowded_shared_alloc(dev._TPB)
+    gate = crowded_shared_alloc(dev.arrays.TPB)
     assert dev.total(dev.to_device(x)) == 5050.0
-    assert gate.arrived >= dev._TPB
+    assert gate.arrived >= dev.arrays.TPB
     logits = np.eye(5, dtype=np.float32)[[0, 1, 2, 3, 4, 0, 1]]            # (7, 5)
     labels = np.array([0, 1, 2, 0, 4, 0, 3], np.int64)
-    crowded_shared_alloc(dev._TPB)
+    crowded_shared_alloc(dev.arrays.TPB)
     assert dev.count_correct(dev.to_device(logits), dev.to_device(labels)) == 5
 
 
@@ -98,7 +98,7 @@ def _two_arrays_k(out):
 
 def test_distinct_lines_still_get_distinct_arrays(dev):
     """The allocator keys by (file, line) like Numba's own: two arrays, two buffers."""
-    if not dev._SIM:
+    if not dev.arrays.SIM:
         pytest.skip("simulator only")
     out = dev.zeros(4)
     _two_arrays_k[1, 4](out)

@@ -1,6 +1,6 @@
-"""A CPU stand-in for the slice of CuPy that kernels/cuda_cupy.py uses, to check its CUDA C.
+"""A CPU stand-in for the slice of CuPy that kernels/cuda_cupy/ uses, to check its CUDA C.
 
-No GPU and no CuPy here, yet cuda_cupy.py is mostly CUDA C source strings (ElementwiseKernel
+No GPU and no CuPy here, yet cuda_cupy/ is mostly CUDA C source strings (ElementwiseKernel
 bodies, one RawKernel). This module compiles those strings with the host C++ compiler and runs
 them over NumPy arrays with CuPy's calling rules as we rely on them:
 
@@ -252,7 +252,7 @@ class _Stream:
 
 
 def module():
-    """A module object to put in sys.modules['cupy'] while importing kernels/cuda_cupy.py."""
+    """A module object to put in sys.modules['cupy'] while importing kernels/cuda_cupy/."""
     cp = types.ModuleType("cupy")
     cp.ndarray = np.ndarray
     for fn in ("empty", "zeros", "matmul", "add", "multiply", "minimum", "maximum", "float64",
@@ -270,24 +270,27 @@ def module():
 
 
 def load_cuda_cupy():
-    """kernels/cuda_cupy.py imported against this module (under another name, so the real
-    mpitrain.kernels.cuda_cupy stays untouched); sys.modules['cupy'] is restored afterwards."""
-    import importlib.util
-    import pathlib
+    """kernels/cuda_cupy/ imported against this module, then taken out of sys.modules and the
+    registry package again (what was there before, a real CuPy flavour or none, is put back), so
+    the emulated flavour is only this function's result; sys.modules['cupy'] is restored too."""
+    import importlib
     import sys
-    path = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "cuda_cupy.py"
-    saved = sys.modules.get("cupy")
+    from mpitrain import kernels
+    name = "mpitrain.kernels.cuda_cupy"
+    ours = lambda key: key in ("cupy", name) or key.startswith(name + ".")  # noqa: E731
+    saved = {key: sys.modules.pop(key) for key in [key for key in sys.modules if ours(key)]}
+    attribute = vars(kernels).get("cuda_cupy")
     sys.modules["cupy"] = module()
     try:
-        spec = importlib.util.spec_from_file_location("cuda_cupy_emulated", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        return importlib.import_module(name)
     finally:
-        if saved is None:
-            del sys.modules["cupy"]
+        for key in [key for key in sys.modules if ours(key)]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+        if attribute is None:
+            vars(kernels).pop("cuda_cupy", None)
         else:
-            sys.modules["cupy"] = saved
-    return mod
+            kernels.cuda_cupy = attribute
 
 
 def nvcc():

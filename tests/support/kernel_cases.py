@@ -1,4 +1,4 @@
-"""Kernel cases shared by the device backends' tests: one backend against kernels/cpu.py.
+"""Kernel cases shared by the device backends' tests: one backend against kernels/cpu/.
 
 Each case builds host arguments from a seeded generator; ``run_case`` gives the CPU kernel NumPy
 copies and the device kernel ``to_device`` copies of the same arrays, then compares every array
@@ -313,7 +313,7 @@ KERNEL_NAMES = sorted({name for _, name, _, _ in _cases()})
 def run_case(cpu, dev, name, build, tol, seed=0):
     """Run kernel ``name`` on both backends from the same host arguments and compare all arrays."""
     if not hasattr(cpu, name):
-        pytest.skip(f"kernels/cpu.py has no {name} yet")
+        pytest.skip(f"kernels/cpu/ has no {name} yet")
     args = build(np.random.default_rng(seed))
     host = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     on_dev = [dev.to_device(a) if isinstance(a, np.ndarray) else a for a in args]

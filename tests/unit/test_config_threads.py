@@ -7,7 +7,7 @@ import numba
 import pytest
 
 from mpitrain.runtime import threads
-from mpitrain.kernels import cpu_conv
+from mpitrain.kernels.cpu import conv as cpu_conv
 
 
 @pytest.mark.parametrize("local_size, cores, expected", [

@@ -1,4 +1,4 @@
-"""The CPU's own convolution (kernels/cpu_conv.py) against a NumPy reference and against Conv2D's
+"""The CPU's own convolution (kernels/cpu/conv.py) against a NumPy reference and against Conv2D's
 contract path (im2col + GEMM + transposes), on small shapes covering both column layouts."""
 import types
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpitrain import kernels
-from mpitrain.kernels import cpu_conv
+from mpitrain.kernels.cpu import conv
 from mpitrain.nn import Conv2D
 
 k = kernels.get("cpu")
@@ -21,8 +21,8 @@ SHAPES = [
     (1, 2, 6, 6, 3, 1, 1, 0),
     (2, 2, 6, 5, 3, 3, 3, 2),
     (2, 2, 4, 4, 3, 5, 1, 4),
-    # float32 with output channels a multiple of 16: the gathered path (kernels/cpu_gemm.py), the
-    # input gradient too when C is a multiple of 16 and every phase has six pixels
+    # float32 with output channels a multiple of 16: the gathered path (kernels/cpu/conv_gemm.py),
+    # the input gradient too when C is a multiple of 16 and every phase has six pixels
     (2, 16, 6, 7, 16, 3, 1, 1),         # 42 pixels an image
     (2, 16, 5, 5, 32, 5, 1, 2),         # 25 pixels: a ragged last block of six
     (3, 1, 8, 8, 16, 5, 1, 2),          # C*K*K = 25 taps: ragged; input gradient on columns
@@ -63,7 +63,7 @@ def reference(x, w, b, stride, pad, relu, grad_y):
 
 
 def test_both_layouts_are_covered():
-    wide = [cpu_conv._use_wide(w, kk, s, p) for _, _, _, w, _, kk, s, p in SHAPES]
+    wide = [conv._use_wide(w, kk, s, p) for _, _, _, w, _, kk, s, p in SHAPES]
     assert any(wide) and not all(wide)
 
 
@@ -75,11 +75,11 @@ def test_forward_backward_against_reference(shape, relu, dtype, group, monkeypat
     n, c, h, w, oc, ks, stride, pad = shape
     oh, ow = (h + 2 * pad - ks) // stride + 1, (w + 2 * pad - ks) // stride + 1
     if group is not None:       # images per GEMM: one, two (a smaller last group), else all
-        run = cpu_conv._columns(h, w, ks, ks, stride, pad)[1]
+        run = conv._columns(h, w, ks, ks, stride, pad)[1]
         itemsize = np.dtype(dtype).itemsize
-        monkeypatch.setattr(cpu_conv, "COLS_BYTES", group * c * ks * ks * run * itemsize)
-        pixels = (c * cpu_conv._wide_dims(h, w, ks, pad)[1] + oh * ow * oc) * itemsize
-        monkeypatch.setattr(cpu_conv, "GATHER_BYTES", group * pixels)
+        monkeypatch.setattr(conv, "COLS_BYTES", group * c * ks * ks * run * itemsize)
+        pixels = (c * conv._wide_dims(h, w, ks, pad)[1] + oh * ow * oc) * itemsize
+        monkeypatch.setattr(conv, "GATHER_BYTES", group * pixels)
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((oc, c, ks, ks)).astype(dtype)
@@ -107,14 +107,14 @@ def test_forward_backward_against_reference(shape, relu, dtype, group, monkeypat
 
 
 def test_gemm_shapes_count_the_work():
-    plan = cpu_conv.gemm_shapes((64, 32, 14, 14), (64, 32, 5, 5), 1, 2)
+    plan = conv.gemm_shapes((64, 32, 14, 14), (64, 32, 5, 5), 1, 2)
     # wide rows of 14 + 2 columns: 14 * 16 GEMM columns per image
     assert plan == [((64, 800), (800, 224), False, False, (64, 224), 64),
                     ((800, 224), (64, 224), False, True, (800, 64), 64),
                     ((64, 800), (64, 224), True, False, (800, 224), 64)]
-    assert len(cpu_conv.gemm_shapes((2, 3, 9, 8), (5, 3, 3, 3), 2, 1, input_grad=False)) == 2
+    assert len(conv.gemm_shapes((2, 3, 9, 8), (5, 3, 3, 3), 2, 1, input_grad=False)) == 2
     # ResNet's 7x7 stage: 64 * 9 rows, 7 * 8 columns per image; four images fit in COLS_BYTES
-    plan = cpu_conv.gemm_shapes((10, 64, 7, 7), (64, 64, 3, 3), 1, 1)
+    plan = conv.gemm_shapes((10, 64, 7, 7), (64, 64, 3, 3), 1, 1)
     assert [(a, times) for a, _, _, _, _, times in plan] == [
         ((64, 576), 2), ((576, 224), 2), ((64, 576), 2),
         ((64, 576), 1), ((576, 112), 1), ((64, 576), 1)]
@@ -200,7 +200,7 @@ def test_outputs_may_be_views(stride):
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_threads_split_the_batch(threads, stride, monkeypatch):
-    """cpu_conv.THREADS > 1 splits the gathered path's groups over threads: y and dx bit for bit
+    """conv.THREADS > 1 splits the gathered path's groups over threads: y and dx bit for bit
     as on one thread (each image's own sums), dW and db within rounding (summed per thread, then
     in thread order), and the same bits on every call."""
     rng = np.random.default_rng(12)
@@ -208,7 +208,7 @@ def test_threads_split_the_batch(threads, stride, monkeypatch):
     w, b = rng.standard_normal((32, 16, 3, 3)).astype(np.float32), np.ones(32, np.float32)
     out = (8 + 2 - 3) // stride + 1
     grad_y = rng.standard_normal((5, 32, out, out)).astype(np.float32)
-    monkeypatch.setattr(cpu_conv, "GATHER_BYTES", 1)          # one image a group: five groups
+    monkeypatch.setattr(conv, "GATHER_BYTES", 1)          # one image a group: five groups
 
     def run():
         y, dw, db, dx = (np.empty((5, 32, out, out), np.float32), np.empty_like(w),
@@ -218,8 +218,8 @@ def test_threads_split_the_batch(threads, stride, monkeypatch):
         return y, dw, db, dx
 
     one = run()
-    monkeypatch.setattr(cpu_conv, "THREADS", threads)
-    assert len(cpu_conv._ranges(5, 1)) == threads
+    monkeypatch.setattr(conv, "THREADS", threads)
+    assert len(conv._ranges(5, 1)) == threads
     many, again = run(), run()
     assert all(np.array_equal(a, c) for a, c in zip(many, again))
     assert np.array_equal(many[0], one[0]) and np.array_equal(many[3], one[3])
@@ -236,7 +236,7 @@ def test_an_error_on_any_thread_is_raised_after_all_finish():
         finished.append(t)
 
     with pytest.raises(ValueError, match="range 1"):
-        cpu_conv._in_parallel(work, [(0, 1), (1, 2), (2, 3)])
+        conv._in_parallel(work, [(0, 1), (1, 2), (2, 3)])
     assert sorted(finished) == [0, 2]
 
 

@@ -1,10 +1,10 @@
-"""kernels/cpu_gemm.py's register-blocked GEMMs against float64 NumPy, on plain matrices and on
-overlapping windows of one flat source (the convolution's padded image), what they refuse, and
+"""kernels/cpu/conv_gemm.py's register-blocked GEMMs against float64 NumPy, on plain matrices and
+on overlapping windows of one flat source (the convolution's padded image), what they refuse, and
 the convolutions that take them."""
 import numpy as np
 import pytest
 
-from mpitrain.kernels import cpu_conv, cpu_gemm
+from mpitrain.kernels.cpu import conv, conv_gemm
 
 
 def rand(rng, *shape):
@@ -26,8 +26,8 @@ def kernel_calls(monkeypatch):
     """The names of the Numba kernels called."""
     calls = []
     for name in ("_gathered", "_gathered_t"):
-        real = getattr(cpu_gemm, name)
-        monkeypatch.setattr(cpu_gemm, name,
+        real = getattr(conv_gemm, name)
+        monkeypatch.setattr(conv_gemm, name,
                             lambda *args, real=real, name=name: (calls.append(name), real(*args)))
     return calls
 
@@ -40,7 +40,7 @@ def test_gathered_plain_matrix(p, k, n):
     rng = np.random.default_rng(p * k * n)
     x, a = rand(rng, p, k), rand(rng, k, n)
     out = np.full((p, n), np.nan, np.float32)
-    cpu_gemm.gathered(a, *rows_of(x), out)
+    conv_gemm.gathered(a, *rows_of(x), out)
     close(out, x.astype(np.float64) @ a)
 
 
@@ -53,11 +53,11 @@ def test_gathered_t_plain_matrix_overwrites_and_accumulates(p, k, n):
     x, b = rand(rng, p, k), rand(rng, p, n)
     want = x.T.astype(np.float64) @ b
     out = np.full((k, n), np.nan, np.float32)
-    cpu_gemm.gathered_t(b, *rows_of(x), out, accumulate=False)
+    conv_gemm.gathered_t(b, *rows_of(x), out, accumulate=False)
     close(out, want)
     start = rand(rng, k, n)
     out[...] = start
-    cpu_gemm.gathered_t(b, *rows_of(x), out, accumulate=True)
+    conv_gemm.gathered_t(b, *rows_of(x), out, accumulate=True)
     close(out, start + want)
 
 
@@ -71,10 +71,10 @@ def test_overlapping_windows_of_a_flat_source():
     x = src[bases[:, None] + offs].astype(np.float64)                 # (9, 7)
     a, b = rand(rng, 7, 32), rand(rng, 9, 16)
     out = np.full((9, 32), np.nan, np.float32)
-    cpu_gemm.gathered(a, src, bases, offs, out)
+    conv_gemm.gathered(a, src, bases, offs, out)
     close(out, x @ a)
     dw = np.full((7, 16), np.nan, np.float32)
-    cpu_gemm.gathered_t(b, src, bases, offs, dw, False)
+    conv_gemm.gathered_t(b, src, bases, offs, dw, False)
     close(dw, x.T @ b)
 
 
@@ -84,17 +84,17 @@ def test_results_are_deterministic():
     runs = []
     for _ in range(2):
         y, dw = np.empty((203, 32), np.float32), np.empty((36, 16), np.float32)
-        cpu_gemm.gathered(a, *rows_of(x), y)
-        cpu_gemm.gathered_t(b, *rows_of(x), dw, False)
+        conv_gemm.gathered(a, *rows_of(x), y)
+        conv_gemm.gathered_t(b, *rows_of(x), dw, False)
         runs.append((y, dw))
     assert all(np.array_equal(x0, x1) for x0, x1 in zip(*runs))
 
 
 def test_what_the_kernels_cover():
     for n in (16, 32, 64, 128, 512):
-        assert cpu_gemm.covers(n, np.float32)
+        assert conv_gemm.covers(n, np.float32)
     for n, dtype in [(8, np.float32), (24, np.float32), (0, np.float32), (16, np.float64)]:
-        assert not cpu_gemm.covers(n, dtype)
+        assert not conv_gemm.covers(n, dtype)
 
 
 def test_operands_outside_the_source_are_refused():
@@ -102,24 +102,24 @@ def test_operands_outside_the_source_are_refused():
     src, a = np.zeros(100, np.float32), np.zeros((6, 16), np.float32)
     bases, offs = np.arange(6, dtype=np.intp) * 10, np.arange(6, dtype=np.intp)
     out = np.zeros((6, 16), np.float32)
-    cpu_gemm.gathered(a, src, bases, offs, out)                       # the last element is 55
+    conv_gemm.gathered(a, src, bases, offs, out)                       # the last element is 55
     with pytest.raises(ValueError, match="outside the source"):
-        cpu_gemm.gathered(a, src, bases, offs + 45, out)              # 100: one past the end
+        conv_gemm.gathered(a, src, bases, offs + 45, out)              # 100: one past the end
     with pytest.raises(ValueError, match="outside the source"):
-        cpu_gemm.gathered(a, src, bases - 1, offs, out)
+        conv_gemm.gathered(a, src, bases - 1, offs, out)
     with pytest.raises(ValueError, match="outside the source"):
-        cpu_gemm.gathered_t(out, src, bases, offs + 45, np.zeros((6, 16), np.float32), False)
+        conv_gemm.gathered_t(out, src, bases, offs + 45, np.zeros((6, 16), np.float32), False)
     with pytest.raises(ValueError, match="does not cover"):
-        cpu_gemm.gathered(np.zeros((6, 8), np.float32), src, bases, offs,
+        conv_gemm.gathered(np.zeros((6, 8), np.float32), src, bases, offs,
                           np.zeros((6, 8), np.float32))               # N = 8: not 16k
     with pytest.raises(ValueError, match="does not cover"):
-        cpu_gemm.gathered(a, src, bases, offs, np.zeros((6, 16), np.float64))
+        conv_gemm.gathered(a, src, bases, offs, np.zeros((6, 16), np.float64))
     with pytest.raises(ValueError, match="at least 6 rows"):
-        cpu_gemm.gathered(a[:5], src, bases[:5], offs[:5], out[:5])
+        conv_gemm.gathered(a[:5], src, bases[:5], offs[:5], out[:5])
     with pytest.raises(ValueError, match="at least 6 rows of X\\^T"):
-        cpu_gemm.gathered_t(out, src, bases, offs[:5], np.zeros((5, 16), np.float32), False)
+        conv_gemm.gathered_t(out, src, bases, offs[:5], np.zeros((5, 16), np.float32), False)
     with pytest.raises(ValueError, match="intp"):
-        cpu_gemm.gathered(a, src, bases.astype(np.int32), offs, out)
+        conv_gemm.gathered(a, src, bases.astype(np.int32), offs, out)
 
 
 @pytest.mark.parametrize("oc,c,size,stride,expected", [
@@ -134,11 +134,11 @@ def test_which_convolutions_take_the_kernels(oc, c, size, stride, expected, kern
     x, w = rand(rng, 2, c, size, size), rand(rng, oc, c, 3, 3)
     out = (size + 2 - 3) // stride + 1
     y = np.empty((2, oc, out, out), np.float32)
-    cpu_conv.conv2d_forward(x, w, None, y, stride, 1, False)
-    cpu_conv.conv2d_backward(x, w, y, y, stride, 1, False, np.empty_like(w), False, None, None)
+    conv.conv2d_forward(x, w, None, y, stride, 1, False)
+    conv.conv2d_backward(x, w, y, y, stride, 1, False, np.empty_like(w), False, None, None)
     assert sorted(set(kernel_calls)) == expected
     kernel_calls.clear()
-    cpu_conv.conv2d_backward(x, w, y, y, stride, 1, False, np.empty_like(w), False, None,
+    conv.conv2d_backward(x, w, y, y, stride, 1, False, np.empty_like(w), False, None,
                              np.empty_like(x))
     # with the input gradient: one group of two images, a gather per phase; C = 3 sends the
     # whole backward to BLAS

@@ -399,7 +399,7 @@ def test_uninstalled_source_tree_maps_kernels(tmp_path):
     pkg, kernels, cpu = res.stdout.split()
     assert pkg == str(ROOT / "mpitrain" / "__init__.py")
     assert kernels == str(ROOT / "kernels" / "__init__.py")
-    assert cpu == str(ROOT / "kernels" / "cpu.py")
+    assert cpu == str(ROOT / "kernels" / "cpu" / "__init__.py")
 
 
 def test_every_run_shares_one_numba_cache_in_the_work_dir(tmp_path):

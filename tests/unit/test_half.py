@@ -1,4 +1,4 @@
-"""float16 on the CPU (kernels/half.py and the float16 paths of kernels/cpu.py) against NumPy.
+"""float16 on the CPU (kernels/cpu/half.py, the float16 paths of kernels/cpu/arrays.py) vs NumPy.
 
 Everything is compared bit for bit (``.view(np.uint16)``), NaN payloads included: NumPy's choice
 of NaN is deterministic (the second operand's, quieted; min/max keep the first, unquieted) and the

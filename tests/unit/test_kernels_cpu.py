@@ -259,8 +259,8 @@ def test_adam_update_vs_numpy(rng):
 def test_im2col_shape_dims_and_refusal():
     """The device backends' shared geometry: sizes as the CPU kernels compute them, and a cols
     buffer of the wrong shape refused with one message naming the kernel."""
-    from mpitrain.kernels import host_shape as im2col_shape
-    assert im2col_shape.dims("im2col", (2, 3, 7, 5), (2 * 4 * 3, 3 * 9), 3, 3, 2, 1) == \
+    from mpitrain.kernels import checks
+    assert checks.dims("im2col", (2, 3, 7, 5), (2 * 4 * 3, 3 * 9), 3, 3, 2, 1) == \
         (3, 7, 5, 4, 3)
     with pytest.raises(ValueError, match=r"col2im: cols \(23, 27\) != \(24, 27\)"):
-        im2col_shape.dims("col2im", (2, 3, 7, 5), (23, 27), 3, 3, 2, 1)
+        checks.dims("col2im", (2, 3, 7, 5), (23, 27), 3, 3, 2, 1)

@@ -25,9 +25,6 @@ float(b))`` here does. For + and * that single rounding equals the correctly rou
 Bit patterns travel as int32 (a float32's sign in bit 31). Numba widens every integer operation to
 64 bits; the np.int32(...) around each step narrows it back, which lets LLVM vectorise with twice
 the lanes (measured 1.7-2.5x faster than int64).
-
-Numba's cache keys a kernel on its own file only: after editing this file, delete
-kernels/__pycache__/cpu._half* (or set NUMBA_CACHE_DIR) or cpu.py keeps the old compiled helpers.
 """
 import numpy as np
 from llvmlite import ir
@@ -112,3 +109,105 @@ def float32_to_half(x):
 def is_nan(h):
     """True where the half bits h hold a NaN."""
     return (np.int32(h) & 0x7FFF) > HALF_EXP
+
+
+# The float16 array kernels of kernels/cpu/arrays.py (the fp16 compression's wire dtype), on
+# uint16 bit patterns with NumPy's results bit for bit: each element is computed in float32 and
+# rounded to half once, as NumPy's float16 ufuncs do. NaN results follow NumPy's too: the second
+# operand's NaN, quieted, if it is one, else the first's (the FPU picks any one of two; this pins
+# it). The reductions' min/max keep dst when equal or when dst is NaN, else take a NaN src (NumPy's
+# minimum/maximum propagate NaN, bits unchanged).
+
+@njit(cache=True, nogil=True)
+def from_float32(dst, src):
+    """dst (uint16 half bits) = src (float32 bits as uint32), rounded as NumPy's astype."""
+    for i in range(dst.size):
+        dst[i] = float32_bits_to_half(src[i])
+
+
+@njit(cache=True, nogil=True)
+def to_float32(dst, src):
+    """dst (float32) = src (uint16 half bits), exact."""
+    for i in range(dst.size):
+        dst[i] = half_to_float32(src[i])
+
+
+@njit(cache=True, nogil=True)
+def _nan_rule(a, b, h):
+    """h, unless a or b is a NaN: then b quieted if b is one, else a quieted (half bits)."""
+    h = a | HALF_QUIET if is_nan(a) else h
+    return b | HALF_QUIET if is_nan(b) else h
+
+
+@njit(cache=True, nogil=True)
+def scale(a, factor):
+    """a (uint16 half bits) *= factor (float32), in float32, rounded once."""
+    nan_factor = factor != factor       # then every result is the factor's NaN, quieted
+    quiet_factor = float32_bits_to_half(float32_bits(factor) | 0x400000)
+    for i in range(a.size):
+        h = a[i]
+        r = float32_to_half(half_to_float32(h) * factor)
+        r = h | HALF_QUIET if is_nan(h) else r
+        a[i] = quiet_factor if nan_factor else r
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _block_sum(a, start, stop):
+    """Exact float64 sum of a[start:stop] (half bits) when stop - start <= 2**13 (see below)."""
+    block = 0.0
+    for i in range(start, stop):
+        block += np.float64(half_to_float32(a[i]))
+    return block
+
+
+@njit(cache=True, nogil=True)
+def sum_float64(a, chunk):
+    """NumPy's a.sum(dtype=float64): exact sums of chunk-element blocks, added in order.
+
+    NumPy converts float16 to float64 in buffers of ``chunk`` elements and adds each buffer's
+    pairwise sum to the total. A half is a multiple of 2**-24 below 2**16, so a block of at most
+    2**13 of them sums exactly in float64 in any order (hence reassoc in the block sum, which lets
+    LLVM vectorise it); only the block-to-total additions round, in NumPy's order.
+    """
+    total = 0.0
+    for start in range(0, a.size, chunk):
+        total = total + _block_sum(a, start, min(a.size, start + chunk))
+    return total
+
+
+EXACT_BLOCK = 1 << 13   # the largest block of halves whose float64 sum is always exact
+
+
+@njit(cache=True, nogil=True)
+def _reduce_sum(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        r = float32_to_half(half_to_float32(a) + half_to_float32(b))
+        dst[i] = _nan_rule(a, b, r)
+
+
+@njit(cache=True, nogil=True)
+def _reduce_prod(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        r = float32_to_half(half_to_float32(a) * half_to_float32(b))
+        dst[i] = _nan_rule(a, b, r)
+
+
+@njit(cache=True, nogil=True)
+def _reduce_min(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        keep = half_to_float32(a) <= half_to_float32(b) or is_nan(a)
+        dst[i] = a if keep else b
+
+
+@njit(cache=True, nogil=True)
+def _reduce_max(dst, src):
+    for i in range(dst.shape[0]):
+        a, b = dst[i], src[i]
+        keep = half_to_float32(a) >= half_to_float32(b) or is_nan(a)
+        dst[i] = a if keep else b
+
+
+REDUCE = {"sum": _reduce_sum, "prod": _reduce_prod, "min": _reduce_min, "max": _reduce_max}

@@ -1,4 +1,4 @@
-"""Eight float32 lanes as one Numba value: the vector type that kernels/cpu_gemm.py blocks in.
+"""Eight float32 lanes as one Numba value: the vector type that kernels/cpu/conv_gemm.py blocks in.
 
 LLVM's loop vectoriser turns a Numba loop into SIMD code only one innermost loop at a time, and
 keeps nothing in registers across the loop around it, so a register-blocked GEMM (12 vector

@@ -1,8 +1,7 @@
 """CPU kernels for BatchNorm, global average pooling and the option-A ResNet shortcut.
 
 The contract (names, parameters, semantics) is the "Normalisation, pooling and shortcuts" section
-of kernels/__init__.py's docstring; kernels/cpu.py re-exports these names, so the registry's CPU
-module has them.
+of kernels/__init__.py's docstring.
 
 Layout: x is (N, C) or (N, C, H, W); every kernel sees it as (N, C, L) with L = H*W (1 for
 BatchNorm1d), a view of the contiguous array, so one compiled specialisation serves both. The
@@ -18,12 +17,12 @@ order is still fixed by the compiled code, so reruns give the same bits.
 import numpy as np
 from numba import njit, prange
 
-from mpitrain.kernels import norm_shape
+from mpitrain.kernels import checks
 
 
 def _ncl(kind, a):
     """(N, C, L) view of a contiguous (N, C) or (N, C, H, W) array."""
-    shape = norm_shape.ncl(kind, a.shape)
+    shape = checks.ncl(kind, a.shape)
     if not a.flags.c_contiguous:
         raise ValueError("batch-norm kernels need C-contiguous arrays")
     return a.reshape(shape)
@@ -45,7 +44,7 @@ def _bn_stats(x, stats):
 
 def bn_stats(x, stats):
     x3 = _ncl("bn_stats", x)                                            # (N, C, L)
-    norm_shape.stats("bn_stats", stats, x3.shape[1])
+    checks.stats("bn_stats", stats, x3.shape[1])
     _bn_stats(x3, stats)
 
 
@@ -63,7 +62,7 @@ def _bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running
 
 
 def bn_moments(stats, count, eps, momentum, mean, invstd, running_mean, running_var):
-    _bn_moments(stats, norm_shape.count("bn_moments", count), float(eps), float(momentum), mean,
+    _bn_moments(stats, checks.count("bn_moments", count), float(eps), float(momentum), mean,
                 invstd, running_mean, running_var)
 
 
@@ -107,7 +106,7 @@ def _bn_backward_stats(grad_y, x, mean, invstd, stats):
 
 def bn_backward_stats(grad_y, x, mean, invstd, stats):
     x3 = _ncl("bn_backward_stats", x)                                   # (N, C, L)
-    norm_shape.stats("bn_backward_stats", stats, x3.shape[1])
+    checks.stats("bn_backward_stats", stats, x3.shape[1])
     _bn_backward_stats(_ncl("bn_backward_stats", grad_y), x3, mean, invstd, stats)
 
 
@@ -157,7 +156,7 @@ def _global_avgpool_forward(x, y):
 
 
 def global_avgpool_forward(x, y):
-    norm_shape.pool("global_avgpool_forward", x.shape, y.shape)
+    checks.global_pool("global_avgpool_forward", x.shape, y.shape)
     _global_avgpool_forward(_ncl("global_avgpool_forward", x), y)
 
 
@@ -172,7 +171,7 @@ def _global_avgpool_backward(grad_y, grad_x):
 
 
 def global_avgpool_backward(grad_y, grad_x):
-    norm_shape.pool("global_avgpool_backward", grad_x.shape, grad_y.shape)
+    checks.global_pool("global_avgpool_backward", grad_x.shape, grad_y.shape)
     _global_avgpool_backward(grad_y, _ncl("global_avgpool_backward", grad_x))
 
 
@@ -192,7 +191,7 @@ def _shortcut_forward(x, y, stride, offset):
 
 
 def shortcut_forward(x, y, stride, offset):
-    stride, offset = norm_shape.shortcut("shortcut_forward", x.shape, y.shape, stride, offset)
+    stride, offset = checks.shortcut("shortcut_forward", x.shape, y.shape, stride, offset)
     _shortcut_forward(x, y, stride, offset)
 
 
@@ -209,6 +208,6 @@ def _shortcut_backward(grad_y, grad_x, stride, offset):
 
 
 def shortcut_backward(grad_y, grad_x, stride, offset):
-    stride, offset = norm_shape.shortcut("shortcut_backward", grad_x.shape, grad_y.shape,
-                                         stride, offset, names=("grad_x", "grad_y"))
+    stride, offset = checks.shortcut("shortcut_backward", grad_x.shape, grad_y.shape,
+                                     stride, offset, names=("grad_x", "grad_y"))
     _shortcut_backward(grad_y, grad_x, stride, offset)

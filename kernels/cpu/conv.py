@@ -23,12 +23,12 @@ The weight gradient accumulates transposed, cols @ g^T into a (CKK, OC) scratch 
 (OpenBLAS's faster orientation), transposed into the caller's gradient once per call.
 
 Float32 layers whose output channels are a multiple of 16 (every convolution of ResNet-20, LeNet
-and cifar_cnn, the strided ones too) take the "gathered" path instead (below): kernels/cpu_gemm.py's
-register-blocked kernels read the padded image in place, output pixels as rows, so neither
-im2col nor col2im runs and no padding column is computed. Forward + backward at batch 64, one
-thread, against the previous (column-run) gathered kernels in the same run: ResNet's 64-channel
-7x7 layer 13.2 -> 10.9 ms, its stride-2 layers 14.7 -> 8.5 and 11.1 -> 7.9, LeNet's conv2
-58.0 -> 53.9 (docs/benchmarks.md).
+and cifar_cnn, the strided ones too) take the "gathered" path instead (below): the
+register-blocked kernels of kernels/cpu/conv_gemm.py read the padded image in place, output
+pixels as rows, so neither im2col nor col2im runs and no padding column is computed. Forward +
+backward at batch 64, one thread, against the previous (column-run) gathered kernels in the same
+run: ResNet's 64-channel 7x7 layer 13.2 -> 10.9 ms, its stride-2 layers 14.7 -> 8.5 and
+11.1 -> 7.9, LeNet's conv2 58.0 -> 53.9 (docs/benchmarks.md).
 
 Scratch arrays are kept per thread and (tag, dtype), regrown when too small; the loop over
 groups runs in Python (BLAS cannot be called from an njit function without SciPy), on THREADS
@@ -40,9 +40,9 @@ import threading
 import numpy as np
 from numba import njit
 
-from mpitrain.kernels import cpu_gemm
-from mpitrain.kernels.host_shape import out_size
-from mpitrain.kernels.simd import vtranspose8
+from mpitrain.kernels.checks import out_size
+from mpitrain.kernels.cpu import conv_gemm
+from mpitrain.kernels.cpu.simd import vtranspose8
 
 # Bytes of im2col columns per group: about half of a core's L2 (1 MB on the Zen 4 and 2 MB on the
 # Xeons this runs on), so the columns, a slice of W and the GEMM output stay in it together.
@@ -269,7 +269,7 @@ def _col2im_wide(cols, dxp, dx, kh, kw, pad, rs, ch):
 
 # Gathered: no columns. X[p, k], the im2col matrix with output pixels as rows, is the element
 # xp[pixels[p] + taps[k]] of the padded images (wide layout above; pixels[p] = image*C*CH +
-# i*S*RS + j*S for output pixel (i, j) at stride S, taps[k] = c*CH + ki*RS + kj), so cpu_gemm
+# i*S*RS + j*S for output pixel (i, j) at stride S, taps[k] = c*CH + ki*RS + kj), so conv_gemm
 # reads it there:
 #     forward      y (P, OC)    = X @ W^T           then transposed into NCHW + bias (+ ReLU)
 #     backward     g (P, OC)    = grad_y * (y > 0), pixel-major
@@ -423,8 +423,8 @@ class _Plan:
         self.ckk = self.c * self.kh * self.kw
         # Gathered (see above): float32, output channels a multiple of 16, a square kernel with
         # pad < K, at least one six-row block of taps and of pixels.
-        self.gathered = (self.kh == self.kw and pad < self.kh and cpu_gemm.covers(self.oc, x.dtype)
-                         and min(self.ckk, self.oh * self.ow) >= cpu_gemm.ROWS)
+        self.gathered = (self.kh == self.kw and pad < self.kh and conv_gemm.covers(self.oc, x.dtype)
+                         and min(self.ckk, self.oh * self.ow) >= conv_gemm.ROWS)
         self.wide = _use_wide(self.w, self.kw, stride, pad)  # the column path's layout
         self.rs, self.ch = _wide_dims(self.h, self.w, self.kh, pad)
         # the column path's GEMM columns per output row and per image
@@ -441,12 +441,12 @@ class _Plan:
         """The input gradient's gathers (see "Gathered"), or None where they do not cover it:
         (q, [(a, b, pixels, taps, w_phase (taps, C))]), the gradient planes padded by q."""
         s, k = self.stride, self.kh
-        if not cpu_gemm.covers(self.c, self.dtype):
+        if not conv_gemm.covers(self.c, self.dtype):
             return None
         steps = [[(ki, (a + self.pad - ki) // s) for ki in range(k)
                   if (a + self.pad - ki) % s == 0] for a in range(s)]
         sizes = [(-(-(self.h - a) // s), -(-(self.w - a) // s)) for a in range(s)]
-        if min(hu * wv for hu, _ in sizes for _, wv in sizes) < cpu_gemm.ROWS:
+        if min(hu * wv for hu, _ in sizes for _, wv in sizes) < conv_gemm.ROWS:
             return None
         # padding that keeps every g[u + di, v + dj] read inside the planes (zeros outside g)
         q = max([0] + [max(-d, hu - 1 + d - (self.oh - 1), wv - 1 + d - (self.ow - 1))
@@ -550,7 +550,7 @@ def _forward_gathered(p, x, w_t, bias, y, relu, lo, hi):
         xg = x[n0:min(hi, n0 + p.group)]                     # (G, C, H, W)
         rows = xg.shape[0] * p.oh * p.ow
         _pad_images(xg, xp, p.pad, p.rs, p.ch)
-        cpu_gemm.gathered(w_t, xp, pixels[:rows], taps, y_pix[:rows])
+        conv_gemm.gathered(w_t, xp, pixels[:rows], taps, y_pix[:rows])
         _store(y_pix, y[n0:n0 + xg.shape[0]], bias, relu)
 
 
@@ -618,7 +618,7 @@ def _backward_gathered(p, x, y, grad_y, relu, dw_t, db, grad_x, phases, lo, hi):
         if db is not None:
             db += g.sum(axis=0)
         _pad_images(xg, xp, p.pad, p.rs, p.ch)
-        cpu_gemm.gathered_t(g, xp, pixels[:len(g)], taps, dw_t, n0 > lo)
+        conv_gemm.gathered_t(g, xp, pixels[:len(g)], taps, dw_t, n0 > lo)
         if grad_x is None:
             continue
         for a, b, dx_pixels, dx_taps, w_phase in phases:
@@ -627,5 +627,5 @@ def _backward_gathered(p, x, y, grad_y, relu, dw_t, db, grad_x, phases, lo, hi):
                 dst[...] = 0
                 continue
             rows = (n1 - n0) * dst.shape[2] * dst.shape[3]
-            cpu_gemm.gathered(w_phase, planes, dx_pixels[:rows], dx_taps, dx[:rows])
+            conv_gemm.gathered(w_phase, planes, dx_pixels[:rows], dx_taps, dx[:rows])
             _store(dx, dst, None, False)

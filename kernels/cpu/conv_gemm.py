@@ -3,7 +3,7 @@ image in place.
 
 A convolution is a GEMM whose "A" operand is the im2col matrix X (pixels x taps): X[p, k] is one
 element of the zero-padded image, at src[bases[p] + offs[k]] (bases: where output pixel p's
-window starts; offs: where tap k = (c, ki, kj) sits in a window; kernels/cpu_conv.py,
+window starts; offs: where tap k = (c, ki, kj) sits in a window; kernels/cpu/conv.py,
 "Gathered"). These kernels read X there instead of from a copy, so neither im2col nor BLAS's
 own packing copy runs:
 
@@ -11,7 +11,7 @@ own packing copy runs:
                                                            input grad: the same on g's planes
     gathered_t   out (K, N)  (+)= X^T (K, P) @ b (P, N)    weight grad: b = g, pixel-major
 
-Both keep a 6 x 16 block of the output in 12 AVX2 registers (kernels/simd.py) for the whole
+Both keep a 6 x 16 block of the output in 12 AVX2 registers (kernels/cpu/simd.py) for the whole
 contraction: per step six X values broadcast from memory, one 16-wide row of the other
 operand, 12 fused multiply-adds (the classic AVX2 SGEMM micro-kernel's shape). Six rows of X
 are six pixels (or six taps), so nothing is computed for padding columns and a 7x7 image wastes
@@ -28,7 +28,7 @@ raise ValueError.
 import numpy as np
 from numba import njit
 
-from mpitrain.kernels.simd import vbroadcast, vfma, vload, vstore, vzero
+from mpitrain.kernels.cpu.simd import vbroadcast, vfma, vload, vstore, vzero
 
 ROWS = 6                # rows of X per register block
 COLS = 16               # output columns per register block: two vectors

@@ -1,0 +1,188 @@
+"""The kernels' shape and argument checks, with their one-line messages, for every backend.
+
+The GPU backends launch their kernels over sizes or flat indices taken from one array and must
+refuse the others before launching when they do not match (a kernel would read or write out of
+bounds, or silently skip elements). The arithmetic and the messages live here once, and the CPU
+wrappers use the same ones where they check, so the backends word an error alike.
+"""
+import numpy as np
+
+
+def flat(a, name="array"):
+    """The flat view of a C-contiguous array (CPU and CuPy); ValueError naming it otherwise."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, got strides {a.strides}")
+    return a.reshape(-1)
+
+
+def sizes_match(src, *dsts):
+    """The CPU's size check of outputs (and further operands) against an input."""
+    for dst in dsts:
+        if dst.size != src.size:
+            raise ValueError(f"size mismatch: dst has {dst.size} elements, src has {src.size}")
+
+
+def same_size(kind, ref, *others):
+    """Every array of ``others`` has as many elements as ``ref``; (ref, *others)."""
+    for a in others:
+        if a.size != ref.size:
+            raise ValueError(f"{kind}: sizes differ ({a.size} vs {ref.size})")
+    return (ref,) + others
+
+
+def gemm(op_a, op_b, out):
+    """op(a) @ op(b) -> out: three 2-D arrays whose shapes agree (the CPU and CuPy GEMM)."""
+    if op_a.ndim != 2 or op_b.ndim != 2 or out.ndim != 2:
+        raise ValueError(f"gemm needs 2-D arrays, got {op_a.shape}, {op_b.shape} -> {out.shape}")
+    if op_a.shape[1] != op_b.shape[0] or out.shape != (op_a.shape[0], op_b.shape[1]):
+        raise ValueError(f"gemm shapes do not agree: {op_a.shape} @ {op_b.shape} -> {out.shape}")
+
+
+def bias(kind, matrix, vector, names):
+    """``matrix`` is (B, F) and ``vector`` (F,); ``names`` are the caller's names for the two."""
+    if matrix.ndim != 2 or vector.shape != (matrix.shape[1],):
+        raise ValueError(f"{kind}: {names[0]} {matrix.shape} does not match {names[1]} "
+                         f"{vector.shape}")
+
+
+def layout(kind, nchw_shape, rows, name):
+    """(C, H, W) of the NCHW side of a layout transpose; ``rows`` (called ``name``), the other
+    side, must be (N*H*W, C)."""
+    n, c, h, w = nchw_shape
+    if rows.shape != (n * h * w, c):
+        raise ValueError(f"{kind}: {name} {rows.shape} != {(n * h * w, c)}")
+    return c, h, w
+
+
+def out_size(size, k, stride, pad):
+    """Output length of a convolution along one axis of length ``size``."""
+    return (size + 2 * pad - k) // stride + 1
+
+
+def dims(kind, image_shape, cols_shape, kh, kw, stride, pad):
+    """(C, H, W, OH, OW) of an (N, C, H, W) image; ValueError naming ``kind`` unless
+    ``cols_shape`` is (N*OH*OW, C*KH*KW)."""
+    n, c, h, w = image_shape
+    oh, ow = out_size(h, kh, stride, pad), out_size(w, kw, stride, pad)
+    want = (n * oh * ow, c * kh * kw)
+    if tuple(cols_shape) != want:
+        raise ValueError(f"{kind}: cols {tuple(cols_shape)} != {want}")
+    return c, h, w, oh, ow
+
+
+def rows(kind, shape, *others):
+    """(R, K) of a row kernel's (..., K) array (softmax over the last axis: R rows of K), with
+    every array of ``others`` of the same shape."""
+    for a in others:
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{kind}: shapes differ ({tuple(a.shape)} vs {tuple(shape)})")
+    shape = tuple(shape)            # a plain tuple: the simulator's shape refuses index -1
+    if len(shape) == 0:
+        raise ValueError(f"{kind}: expected an array with a last axis, got a 0-d array")
+    k = shape[-1]
+    r = 1
+    for n in shape[:-1]:
+        r *= n
+    return r, k
+
+
+def pool(kind, x_shape, y_shape, k, stride):
+    """(OH, OW) of a k x k window pooling of an (N, C, H, W) input without padding; ValueError
+    naming ``kind`` unless k and stride are positive, the window fits, and y is (N, C, OH, OW)."""
+    if len(x_shape) != 4:
+        raise ValueError(f"{kind}: expected an (N, C, H, W) input, got shape {tuple(x_shape)}")
+    if int(k) != k or int(stride) != stride or k < 1 or stride < 1:
+        raise ValueError(f"{kind}: window {k!r} and stride {stride!r} must be positive integers")
+    n, c, h, w = x_shape
+    if h < k or w < k:
+        raise ValueError(f"{kind}: window {k} does not fit input {h}x{w}")
+    want = (n, c, out_size(h, k, stride, 0), out_size(w, k, stride, 0))
+    if tuple(y_shape) != want:
+        raise ValueError(f"{kind}: output {tuple(y_shape)} != {want}")
+    return want[2], want[3]
+
+
+def maxpool_backward(grad_y, argmax, grad_x):
+    """grad_y and argmax (N, C, OH, OW) of the same shape, grad_x (N, C, H, W) (GPU backends)."""
+    if grad_y.shape != argmax.shape or grad_y.shape[:2] != grad_x.shape[:2]:
+        raise ValueError(f"maxpool_backward: grad_y {grad_y.shape}, argmax {argmax.shape}, "
+                         f"grad_x {grad_x.shape} do not match")
+
+
+def xent(kind, logits, labels, grad, losses, int64=False):
+    """logits (B, K), labels (B,) (int64 if ``int64``), grad (B, K), losses (B,): the
+    cross-entropy's arrays."""
+    if (logits.ndim != 2 or tuple(labels.shape) != (logits.shape[0],)
+            or tuple(grad.shape) != tuple(logits.shape)
+            or tuple(losses.shape) != (logits.shape[0],)):
+        raise ValueError(f"{kind}: logits {tuple(logits.shape)}, labels {tuple(labels.shape)}, "
+                         f"grad {tuple(grad.shape)}, losses {tuple(losses.shape)} do not match")
+    if int64 and labels.dtype != np.int64:
+        raise ValueError(f"{kind}: labels must be int64, got {labels.dtype}")
+
+
+def adam_step(step):
+    """Adam's step count is 1-based (CPU and CuPy)."""
+    if step < 1:
+        raise ValueError(f"adam_update: step is 1-based, got {step!r}")
+
+
+def ncl(kind, shape):
+    """(N, C, L) of an (N, C) or (N, C, H, W) BatchNorm input; ValueError naming ``kind``."""
+    if len(shape) == 2:
+        return shape[0], shape[1], 1
+    if len(shape) != 4:
+        raise ValueError(f"{kind}: expected an (N, C) or (N, C, H, W) array, got shape "
+                         f"{tuple(shape)}")
+    n, c, h, w = shape
+    return n, c, (h * w if n * c else 1)
+
+
+def same_shape(kind, want, **arrays):
+    """Every keyword array has shape ``want``."""
+    for name, a in arrays.items():
+        if tuple(a.shape) != tuple(want):
+            raise ValueError(f"{kind}: {name} {tuple(a.shape)} != {tuple(want)}")
+
+
+def stats(kind, a, c):
+    """``a`` is the (2, C) float64 stats array of the contract."""
+    if a.shape != (2, c) or a.dtype != np.float64:
+        raise ValueError(f"{kind}: stats must be (2, {c}) float64, got {tuple(a.shape)} "
+                         f"{a.dtype}")
+
+
+def count(kind, value):
+    """The number of values per channel the stats were summed over, as a float (>= 1)."""
+    if not value > 0:
+        raise ValueError(f"{kind}: batch norm needs at least one value per channel, got count "
+                         f"{value}")
+    return float(value)
+
+
+def global_pool(kind, image_shape, pooled_shape):
+    """(N, C, L) of global average pooling: image (N, C, H, W) -> pooled (N, C)."""
+    if len(image_shape) != 4 or tuple(pooled_shape) != tuple(image_shape[:2]):
+        raise ValueError(f"{kind}: {tuple(image_shape)} -> {tuple(pooled_shape)}, expected "
+                         "(N, C, H, W) -> (N, C)")
+    n, c, h, w = image_shape
+    return n, c, h * w
+
+
+def shortcut(kind, x_shape, y_shape, stride, offset, names=("x", "y")):
+    """(stride, offset) as ints after checking the option-A shortcut's shapes: x (N, C, H, W),
+    y (N, C2, ceil(H/stride), ceil(W/stride)) with C2 >= C + offset; ``names`` are the caller's
+    names for x and y (backward: grad_x, grad_y)."""
+    stride, offset = int(stride), int(offset)
+    nx, ny = names
+    if len(x_shape) != 4 or stride < 1 or offset < 0:
+        raise ValueError(f"{kind}: {nx} {tuple(x_shape)}, stride {stride}, offset {offset}: "
+                         f"expected a 4-D {nx}, stride >= 1, offset >= 0")
+    n, c, h, w = x_shape
+    oh, ow = -(-h // stride), -(-w // stride)
+    if (len(y_shape) != 4 or y_shape[0] != n or tuple(y_shape[2:]) != (oh, ow)
+            or y_shape[1] < c + offset):
+        raise ValueError(f"{kind}: {nx} {tuple(x_shape)}, {ny} {tuple(y_shape)}, stride "
+                         f"{stride}, offset {offset}: expected {ny} (N, C2 >= {c + offset}, "
+                         f"{oh}, {ow})")
+    return stride, offset
