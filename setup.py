@@ -33,5 +33,6 @@ setup(
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis",
                  "torch==2.13.0"],
     },
-    entry_points={"console_scripts": ["mpitrain=mpitrain.train.cli:main"]},
+    entry_points={"console_scripts": ["mpitrain=mpitrain.train.cli:main",
+                                      "mpitrainrun=mpitrain.run.cli:console"]},
 )

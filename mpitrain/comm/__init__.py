@@ -10,6 +10,8 @@ hierarchical, buckets, fusion, engine, host, overlap, device, collectives (the p
 or device, chosen in one place), join (a rank out of data serving the others), tracing
 (``mt.start_timeline`` / ``mt.stop_timeline``).
 """
+import numpy as np
+
 from mpitrain.comm.abort import exit_now, install_abort_hook
 from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
                                       nccl_built)
@@ -64,15 +66,23 @@ def select_device(flavour=None):
 # What the layer above (mpitrain/parallel) needs beyond the collectives: the cross-rank agreement
 # of a step, the fixed-tree sum and the bucketed allreduce that overlaps backward.
 
-def agree(process_set, kind, fields, error=None, ordered=False, who="DistributedOptimizer"):
+def agree(process_set, kind, fields, error=None, ordered=False, who="DistributedOptimizer",
+          flags=None):
     """Check that every rank of ``process_set`` calls ``kind`` with the same ``fields`` (dict),
     raising on every rank: CollectiveError on a difference, ValueError when a rank has an
     ``error``. ``ordered``: behind whatever collectives are in flight (on the comm thread).
-    ``who`` names the caller when this rank is not in ``process_set`` (ValueError)."""
+    ``who`` names the caller when this rank is not in ``process_set`` (ValueError).
+    ``flags``: an int of this rank's bits carried in the same message; returns their OR over
+    the ranks, or None where no message was exchanged (one rank, MPITRAIN_CHECK=0)."""
     agreement = world_of(process_set, who).agreement
-    if ordered:
-        return run_ordered(agreement, kind, fields, error)
-    return agreement(kind, fields, error=error)
+    payload = None if flags is None else np.array([flags], np.int64).view(np.uint8)
+
+    def check():            # the payload rows are valid until the next check: read them now
+        rows = agreement(kind, fields, error, payload)
+        if rows is None:
+            return None
+        return int(np.bitwise_or.reduce(np.ascontiguousarray(rows).view(np.int64)[:, 0]))
+    return run_ordered(check) if ordered else check()
 
 
 def group_size(process_set, who="DistributedOptimizer"):

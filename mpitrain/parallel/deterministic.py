@@ -108,7 +108,7 @@ class DeterministicGradients(Strategy):
         try:
             # the first MPI call of the step, as for every collective: a wrong count anywhere is
             # an error on every rank, and a rank in mt.join() is refused, never left waiting
-            comm.agree(opt.process_set, "DistributedOptimizer.deterministic",
+            self.agree("DistributedOptimizer.deterministic",
                        {"backward_passes_per_step": k, "elements": tree.elements,
                         "dtype": str(tree.dtype)}, error)
         except (ValueError, comm.CollectiveError):

@@ -126,7 +126,7 @@ class GradientAveraging(Strategy):
         try:
             if several:
                 # behind whatever is in flight (another optimizer's buckets)
-                comm.agree(opt.process_set, "DistributedOptimizer.step",
+                self.agree("DistributedOptimizer.step",
                            {"backward_passes_per_step": opt.backward_passes_per_step}, error,
                            ordered=True)
             elif error is not None:
@@ -136,10 +136,11 @@ class GradientAveraging(Strategy):
             raise
         self.synchronized = True
 
-    def step(self, skip):
-        super().step(skip)
+    def step(self, skip, flags=None):
+        agreed = super().step(skip, flags)
         if self.autotuner is not None:
             self.autotuner.step_done()
+        return agreed
 
     def average(self):
         buckets = self.bucket_allreduce()

@@ -173,8 +173,13 @@ class DistributedOptimizer:
         autotuner does); the overlap plan is rebuilt and agreed at the next step."""
         self.strategy.set_fusion_threshold(threshold_bytes)
 
-    def step(self):
-        self.strategy.step(self._skip)
+    def step(self, flags=None):
+        """Average (unless inside ``skip_synchronize``), then update. ``flags``: an int of bits
+        this rank raises for this step (a stop request, ...); they ride in the message the
+        ranks already exchange to agree on the step, and ``step`` returns their OR over the
+        ranks -- or None where the step made no such exchange (one rank, weights mode,
+        MPITRAIN_CHECK=0, inside ``skip_synchronize``): exchange them yourself then."""
+        return self.strategy.step(self._skip, flags)
 
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "

@@ -5,6 +5,10 @@ A strategy is made once, by the facade (optimizer.py), from its validated argume
 it owns ``synchronize``, ``step``, the backward hook and what ``zero_grad`` must undo, and
 reads the facade's settings (``params``, ``process_set``, ``fusion_threshold_bytes``, ``op``)
 and adds the seconds it spends averaging to ``opt.comm_time_s``.
+
+Step flags: ``step(flags=...)`` hands a few bits of this rank's (a stop request, ...) to the
+step's own agreement -- the message every rank already exchanges to check the step -- as its
+inline payload, so every rank learns the OR of them with no MPI call of its own.
 """
 from mpitrain import comm
 from mpitrain.parallel.accumulation import PassCount
@@ -24,6 +28,8 @@ class Strategy:
         # Sequential is the order backward finishes them
         self.slot = {id(p): n - 1 - i for i, p in enumerate(params)}
         self.passes = PassCount(n, opt.backward_passes_per_step)
+        self.flags = None           # this step's flags to carry (step(flags=...)), or None
+        self.agreed_flags = None    # their OR over the ranks once carried, else None
 
     def bucket_allreduce(self):
         """The overlapping bucket allreduce, or None where it does not apply."""
@@ -70,8 +76,17 @@ class Strategy:
         """The one optimizer state a checkpoint holds (collective where ranks differ)."""
         return self.opt.optimizer.state_dict()
 
-    def step(self, skip):
-        """Synchronize (unless ``skip`` or done already), then the inner optimizer's step."""
+    def agree(self, kind, fields, error, ordered=False):
+        """The step's agreement (comm.agree), carrying ``self.flags`` when there are some: sets
+        ``agreed_flags`` to their OR over the ranks, or leaves it None where nothing was
+        exchanged (one rank, MPITRAIN_CHECK=0)."""
+        self.agreed_flags = comm.agree(self.opt.process_set, kind, fields, error,
+                                       ordered=ordered, flags=self.flags)
+
+    def step(self, skip, flags=None):
+        """Synchronize (unless ``skip`` or done already), then the inner optimizer's step; the
+        OR of every rank's ``flags`` when the step's agreement carried them, else None."""
+        self.flags, self.agreed_flags = flags, None
         if skip and self.pending():
             # The comm thread may still be reducing these gradients (and owns MPI).
             raise RuntimeError("step() inside skip_synchronize() while backward_hook's "
@@ -80,3 +95,8 @@ class Strategy:
             self.synchronize()
         self.opt.optimizer.step()
         self.synchronized = False
+        return self.finish_flags()
+
+    def finish_flags(self):
+        agreed, self.flags, self.agreed_flags = self.agreed_flags, None, None
+        return agreed

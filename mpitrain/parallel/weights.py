@@ -33,7 +33,8 @@ class WeightAveraging(Strategy):
     """``average="weights"``: ``synchronize()`` does nothing; ``step()`` updates locally and
     averages the weights on every ``average_every``-th step of the inner optimizer."""
 
-    def step(self, skip):
+    def step(self, skip, flags=None):
+        """No agreement per step to carry ``flags`` in: None (the caller exchanges them)."""
         opt = self.opt
         error = self.passes.error()
         self.passes.reset()

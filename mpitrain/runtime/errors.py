@@ -42,3 +42,19 @@ class Interrupted(Exception):
             return f"interrupted at step {self.step}; no checkpoint was written"
         return (f"interrupted at step {self.step}; the last checkpoint is step "
                 f"{self.checkpoint_step} in {self.folder} (--resume continues from it)")
+
+
+class Preempted(Exception):
+    """A stop signal (SIGTERM, ...) reached a rank: every rank stopped after the same step, with
+    a checkpoint where there is a checkpoint folder. ``signal``: the signal's name."""
+
+    def __init__(self, signal, step, checkpoint_step, folder):
+        super().__init__(signal, step, checkpoint_step, folder)
+        self.signal, self.step = signal, step
+        self.checkpoint_step, self.folder = checkpoint_step, folder
+
+    def __str__(self):
+        where = (f"the checkpoint of step {self.checkpoint_step} is in {self.folder} (--resume "
+                 f"continues from it)" if self.checkpoint_step is not None
+                 else "no checkpoint was written (no --checkpoint-dir)")
+        return f"preempted ({self.signal}) after step {self.step}; {where}"

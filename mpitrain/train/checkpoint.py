@@ -27,7 +27,8 @@ Two levels, one format:
   folder; a failure on rank 0 (a full disk, a checkpoint that does not fit the model) is the same
   CheckpointError on every rank, never one rank raising while the others wait. ``extra`` (your
   epoch, ...) sits at the top level of ``__meta__`` beside ``step``, as the CLI's epoch and model
-  do, so both kinds of checkpoint are the same file.
+  do, so both kinds of checkpoint are the same file. ``restart_count()``: how many times
+  mpitrainrun has relaunched the job (MPITRAIN_RESTART_COUNT), for a loop that logs it.
 """
 import hashlib
 import json
@@ -38,7 +39,7 @@ import zipfile
 
 import numpy as np
 
-from mpitrain.runtime import atomic
+from mpitrain.runtime import atomic, env
 from mpitrain import comm
 from mpitrain.runtime.errors import CheckpointError
 from mpitrain.parallel.optimizer import DistributedOptimizer
@@ -49,6 +50,7 @@ _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
 _ZIP = b"PK\x03\x04"    # np.savez writes a zip archive; its first local header starts the file
 # __meta__ keys of the format itself; save(extra=...) may not use them
 _RESERVED = ("format", "step", "param_names", "optimizer_layout")
+env.declare("MPITRAIN_RESTART_COUNT")     # set by mpitrainrun on every launch (mpitrain/run/)
 
 
 def checkpoint_path(directory, step):
@@ -147,6 +149,12 @@ def read_latest(directory):
     if skipped:
         raise CheckpointError(f"no valid checkpoint in {directory}: {skipped[0]}")
     return None, skipped
+
+
+def restart_count(environ=None):
+    """How many times mpitrainrun relaunched this job: 0 on the first launch (and without
+    mpitrainrun), then 1, 2, ... (MPITRAIN_RESTART_COUNT)."""
+    return env.integer("MPITRAIN_RESTART_COUNT", 0, minimum=0, environ=environ)
 
 
 # -- collective: your own loop ---------------------------------------------------------------------

@@ -8,20 +8,25 @@ Bad input is a ``UsageError`` (or the data layer's ``DataError``): every rank re
 same config (or from a value agreed across ranks in setup.py), rank 0 alone prints one line, and
 every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written. A file
 that cannot be written mid-run (a full disk) is the same on every rank too: one line, exit code
-1. Ctrl-C is one line on rank 0 with the step reached and the last checkpoint, exit code 130,
-and the process ends without MPI_Finalize (``finish``): a rank the signal did not reach may
-still wait in a collective, and the launcher ends it.
+1. A stop signal (--preempt-signals: SIGTERM, SIGUSR1) is one line on rank 0 after the next step
+and its checkpoint, exit code 32 on every rank (EXIT_PREEMPTED: not a failure; the launcher
+restarts it with --restart-on-preempt). Ctrl-C is one line on rank 0 with the step reached and
+the last checkpoint, exit code 130, and the process ends without MPI_Finalize (``finish``): a
+rank the signal did not reach may still wait in a collective, and the launcher ends it.
 """
 import argparse
 import os
 import sys
 
-from mpitrain.runtime.errors import DataError, Interrupted, OutputError, UsageError
+from mpitrain.runtime.errors import DataError, Interrupted, OutputError, Preempted, UsageError
 from mpitrain.train import config as cfg
 
 EXIT_USAGE = 2
 EXIT_OUTPUT = 1
 EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports Ctrl-C
+# One bit: MPICH's mpiexec reports the OR of the ranks' codes, so a failure's code (1, 2, 9,
+# 130, ...) ORed in still shows; 32 alone means every rank stopped after the same checkpoint.
+EXIT_PREEMPTED = 32
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +123,8 @@ def run_cli(argv=None):
         return _fail(f"mpitrain: error: {exc}", EXIT_OUTPUT)
     except Interrupted as exc:
         return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
+    except Preempted as exc:
+        return _fail(f"mpitrain: {exc}", EXIT_PREEMPTED)
     except KeyboardInterrupt:                   # while parsing or importing
         return _fail("mpitrain: interrupted while starting", EXIT_INTERRUPTED)
     except SystemExit as exc:  # --help: printed on rank 0, exit code 0 everywhere
@@ -149,4 +156,4 @@ def main(argv=None):
 
 
 __all__ = ["build_parser", "parse", "main", "run_cli", "finish", "EXIT_USAGE", "EXIT_OUTPUT",
-           "EXIT_INTERRUPTED"]
+           "EXIT_INTERRUPTED", "EXIT_PREEMPTED"]

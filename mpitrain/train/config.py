@@ -82,6 +82,22 @@ def parse_augment(text):
     return ",".join(a for a in AUGMENTATIONS if a in parts)
 
 
+STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
+
+
+def parse_signals(text):
+    """'TERM,USR1' / 'sigterm' (any subset of STOP_SIGNALS, any case) or 'none' -> the
+    canonical 'TERM,USR1' / 'none'."""
+    parts = [p.strip().upper().removeprefix("SIG") for p in str(text).split(",")]
+    if parts == ["NONE"]:
+        return "none"
+    unknown = [p for p in parts if p not in STOP_SIGNALS]
+    if unknown or not parts:
+        raise UsageError(f"unknown signal {unknown[0] if unknown else text!r}; expected 'none' or "
+                         f"a comma-separated subset of {', '.join(STOP_SIGNALS)}")
+    return ",".join(s for s in STOP_SIGNALS if s in parts)
+
+
 @dataclass(frozen=True)
 class Config:
     """Every knob of a training job, in the sections of SECTIONS; a field name is its flag
@@ -117,6 +133,11 @@ class Config:
                                       "continues up to it")
     batch_size: int = _opt(64, "samples per rank per backward pass (global batch = ranks x this "
                                "x --accumulate)")
+    global_batch_size: Optional[int] = _opt(None, "samples per optimizer step over all ranks; "
+                                                  "sets --batch-size to it / (ranks x "
+                                                  "--accumulate), refused if that does not "
+                                                  "divide: the same global batch at any N "
+                                                  "(a restart on fewer ranks)")
     accumulate: int = _opt(1, "backward passes per optimizer step: gradients of K consecutive "
                               "micro-batches of --batch-size are summed, then averaged across "
                               "ranks once (the update of one rank with the whole global batch)")
@@ -178,6 +199,14 @@ class Config:
                                          "start at step 0 (the first launch and every restart "
                                          "can run the same command)")
     keep_checkpoints: int = _opt(3, "checkpoints kept in --checkpoint-dir: the newest K (0 = all)")
+    checkpoint_async: bool = _opt(False, "write checkpoints on a background thread: the state is "
+                                         "copied at the step, the file written while training "
+                                         "goes on (the next checkpoint waits for it; a failed "
+                                         "write stops every rank at the next step)")
+    preempt_signals: str = _opt("TERM,USR1", "signals that stop the job at the next step with a "
+                                             "checkpoint and exit code 32 (preempted), any of "
+                                             "TERM,USR1,USR2,INT,HUP or none",
+                                flag_type=parse_signals)
     save: Optional[str] = _opt(None, "write the final parameters to this .npz (keys: names)")
     metrics_json: Optional[str] = _opt(None, "append JSON-lines metrics to this file (rank 0)")
     progress: bool = _opt(True, "a progress bar on rank 0 when stderr is a terminal (a log "
@@ -195,7 +224,8 @@ class Config:
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
-                    "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0}
+                    "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0,
+                    "global_batch_size": 1}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
@@ -226,6 +256,10 @@ class Config:
             raise UsageError(f"--uneven with --accumulate {self.accumulate}: the last, partial "
                              f"step cannot be cut into {self.accumulate} micro-batches; use one")
         self._validate_deterministic()
+        try:                # flags and env were parsed by it already; a Config built in code not
+            parse_signals(self.preempt_signals)
+        except UsageError as exc:
+            raise UsageError(f"--preempt-signals {self.preempt_signals!r}: {exc}") from None
         if self.hidden is not None and self.model != "mlp":
             raise UsageError(f"--hidden {','.join(map(str, self.hidden))}: only for --model mlp, "
                              f"not {self.model!r}")
@@ -306,7 +340,8 @@ SECTIONS = (
      ("model", "hidden", "dropout", "sync_bn", "dataset", "data_dir", "synthetic_samples",
       "normalize", "augment", "crop_padding")),
     ("schedule", "how long, in what batches",
-     ("epochs", "steps", "batch_size", "accumulate", "uneven", "eval_every", "seed")),
+     ("epochs", "steps", "batch_size", "global_batch_size", "accumulate", "uneven", "eval_every",
+      "seed")),
     ("optimizer", "the update",
      ("optimizer", "lr", "scale_lr", "warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
       "momentum", "weight_decay", "decay_bn_bias")),
@@ -317,7 +352,7 @@ SECTIONS = (
      ("device", "kernels", "threads")),
     ("outputs", "what the job writes",
      ("checkpoint_dir", "checkpoint_every", "resume", "resume_if_exists", "keep_checkpoints",
-      "save", "metrics_json", "progress", "timeline")),
+      "checkpoint_async", "preempt_signals", "save", "metrics_json", "progress", "timeline")),
 )
 
 

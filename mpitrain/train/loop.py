@@ -19,10 +19,11 @@ import numpy as np
 from mpitrain import comm, data, nn, optim
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.parallel.evaluation import evaluate
-from mpitrain.runtime.errors import CheckpointError, UsageError
+from mpitrain.runtime.errors import CheckpointError, Preempted, UsageError
 from mpitrain.timeline import current as current_timeline
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.plan import make_plan
+from mpitrain.train.preempt import WRITE_FAILED, StepFlags, signal_name
 from mpitrain.train.progress import Progress
 from mpitrain.train.records import LOG_RECORDS_PER_EPOCH, Outputs, Records
 
@@ -32,10 +33,10 @@ EVAL_BATCH = 500
 class Trainer:
     """The model, optimizer and data of one job and the recipe that trains them. It alone moves
     ``step``, ``epoch`` and ``position`` (progress.py): ``fit`` as it trains, ``resume`` from a
-    checkpoint."""
+    checkpoint. ``signals``: the stop signals noted (preempt.Signals; default: none)."""
 
     def __init__(self, config, backend, train_set, test_set, model, optimizer, base_lr,
-                 outputs=None):
+                 outputs=None, signals=None):
         self.config, self.backend = config, backend
         self.train_set, self.test_set = train_set, test_set
         self.model, self.optimizer, self.base_lr = model, optimizer, base_lr
@@ -54,6 +55,7 @@ class Trainer:
             steps_per_epoch=max(1, self.progress.steps_per_epoch()),
             milestones=config.lr_milestones or (), gamma=config.lr_gamma)
         self.records = Records(self)
+        self.flags = StepFlags(config, self.outputs, self.size, signals)   # stop requests
         self.last_checkpoint_step = None
 
     step = property(lambda self: self.progress.step, doc="optimizer steps taken")
@@ -77,6 +79,12 @@ class Trainer:
         p = self.progress
         p.step, p.epoch, p.position = meta["step"], meta["epoch"], meta["epoch_position_samples"]
         self.last_checkpoint_step = p.step
+        if meta.get("global_batch", self.global_batch) != self.global_batch and self.rank == 0:
+            print(f"mpitrain: warning: {path} was written with a global batch of "
+                  f"{meta['global_batch']} samples, this job's is {self.global_batch}: the steps "
+                  f"that follow are not those of an uninterrupted run (--global-batch-size "
+                  f"{meta['global_batch']} keeps it at any number of ranks)", file=sys.stderr,
+                  flush=True)
         written = meta.get("deterministic_micro_shards")
         if config.deterministic and written != config.micro_shards and self.rank == 0:
             how = "without --deterministic" if written is None else f"with --micro-shards {written}"
@@ -97,9 +105,10 @@ class Trainer:
             if not steps:  # resumed with a larger global batch than the epoch has left
                 progress.next_epoch()
             for step in steps:
-                loss, correct = self.train_step(step)
+                loss, correct, flags = self.train_step(step)
                 epoch_end = progress.advance(step.samples)
                 records.show(loss, correct, epoch_end)
+                self.stop_if_flagged(self.flags.agree(flags, self.step, step.joins))
                 if self.step % log_every == 0 or epoch_end or progress.done():
                     records.log_step(metrics)
                 if ((config.eval_every and self.step % config.eval_every == 0)
@@ -115,7 +124,7 @@ class Trainer:
         records.close_bar()
         self.optimizer.settle()     # one model, not N (weights mode), so it may be checkpointed
         if config.checkpoint_dir and self.last_checkpoint_step != self.step:
-            self.save_checkpoint()
+            self.save_checkpoint(background=False)
         if records.last_eval_step != self.step or records.last_eval is None:
             records.last_eval, records.last_eval_step = self.evaluate(), self.step
         if config.save:
@@ -123,6 +132,7 @@ class Trainer:
             self.outputs.attempt("--save", config.save,
                                  lambda: ckpt.atomic_savez(config.save, state))
         summary = records.summary(metrics, first_step, wall)
+        self.outputs.wait()
         self.outputs.check()
         return summary
 
@@ -130,12 +140,13 @@ class Trainer:
         """One optimizer step (a plan.Step): a forward and backward pass per micro-batch, the
         loss gradient scaled by the step's weight; each layer's gradients start their allreduce
         as soon as the layer is done (the optimizer counts the passes). Returns (mean loss,
-        correct answers of the last pass); the loss is NaN on a rank with no samples."""
+        correct answers of the last pass, every rank's stop flags as the step's agreement
+        carried them or None: preempt.py); the loss is NaN on a rank with no samples."""
         trace, plan = current_timeline(), self.plan  # disabled unless --timeline names a file
         start, comm_before = time.perf_counter(), self.optimizer.comm_time_s
         self.optimizer.lr = self.progress.lr(self.base_lr, self.schedule)
         self.optimizer.zero_grad()
-        rows = []
+        rows, flags = [], None
         plan.before_step()
         for j, micro in enumerate(step.micro_batches()):                           # (A, b)
             plan.before_pass(self.model, self.step, j)
@@ -155,14 +166,15 @@ class Trainer:
             plan.after_pass()
         if rows:
             with trace.span("optimizer.step", step=self.step + 1):
-                self.optimizer.step()
+                # ranks with no share of an uneven tail make no step: no flags in it
+                flags = self.optimizer.step(None if step.joins else self.flags.local())
                 self.backend.synchronize()
         plan.after_step(step, self.model, self.optimizer)
         self.records.add_step(time.perf_counter() - start,
                               self.optimizer.comm_time_s - comm_before, rows)
         loss_sum = sum(row[0] for row in rows)
         return (loss_sum / len(step.idx) if rows else float("nan"),
-                rows[-1][1] if rows else 0)
+                rows[-1][1] if rows else 0, flags)
 
     def _to_backend(self, data, idx, shape, augment=None):
         host = data[idx]                                                      # (b, ...)
@@ -178,9 +190,30 @@ class Trainer:
             result = evaluate(self.model, self.test_set, EVAL_BATCH, loss_fn=self.eval_loss_fn)
         return result["accuracy"], result["loss"], result["correct"], result["total"]
 
-    def save_checkpoint(self):
-        """Collective: rank 0 writes the model, the optimizer state and the position."""
+    def stop_if_flagged(self, flags):
+        """After a step, on every rank with the same ``flags`` (preempt.py): rank 0's failed
+        write is an OutputError everywhere; a stop signal writes a checkpoint (unless this step
+        has one) and raises Preempted."""
+        if flags & WRITE_FAILED:
+            self.outputs.wait()
+            self.outputs.check()
+        name = signal_name(flags)
+        if name is None:
+            return
         config = self.config
+        if config.checkpoint_dir and self.last_checkpoint_step != self.step:
+            self.optimizer.settle()
+            self.save_checkpoint(background=False)
+        self.outputs.wait()
+        self.outputs.check()
+        raise Preempted(name, self.step, self.last_checkpoint_step, config.checkpoint_dir)
+
+    def save_checkpoint(self, background=None):
+        """Collective: rank 0 writes the model, the optimizer state and the position; on the
+        writer thread with --checkpoint-async (``background``: None = the config's), after the
+        previous write is done."""
+        config = self.config
+        background = config.checkpoint_async if background is None else background
         self.plan.agree_on_buffers(self.model)
         opt_state = self.optimizer.checkpoint_state()
         if self.rank == 0:
@@ -190,11 +223,13 @@ class Trainer:
                     "hidden": list(config.hidden) if config.hidden else None,
                     "deterministic_micro_shards": (config.micro_shards if config.deterministic
                                                    else None)}
-            state = self.model.state_dict(copy=True)
+            state, step = self.model.state_dict(copy=True), self.step    # copies: a snapshot
+            self.outputs.wait()
             self.outputs.attempt("a checkpoint into", config.checkpoint_dir,
-                                 lambda: ckpt.write(config.checkpoint_dir, self.step, state,
+                                 lambda: ckpt.write(config.checkpoint_dir, step, state,
                                                     opt_state, meta,
-                                                    keep=config.keep_checkpoints))
+                                                    keep=config.keep_checkpoints),
+                                 background=background)
         self.outputs.check()
         self.last_checkpoint_step = self.step
 

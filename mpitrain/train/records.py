@@ -9,6 +9,7 @@ comm_time_ms is DistributedOptimizer's ``comm_time_s`` per step.
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -30,10 +31,13 @@ class Outputs:
     checkpoints and --save. A write that fails is kept, not raised (the other ranks would wait
     for rank 0 in their next collective), nothing more is written, and ``check()`` -- a
     collective every rank calls at the same point of the loop -- raises it as the same
-    OutputError on every rank."""
+    OutputError on every rank (and preempt.py's step flags tell every rank at the next step).
+    ``attempt(..., background=True)`` (--checkpoint-async) writes on one background thread,
+    after the previous background write has finished; ``wait()`` waits for it."""
 
     def __init__(self, rank):
         self.rank, self.path, self.fd, self.error = rank, None, None, None
+        self.writing = None         # the background write in progress (a Thread), or None
 
     def open_metrics(self, path, append):
         """Rank 0: start the --metrics-json file (appended to when resuming)."""
@@ -58,14 +62,33 @@ class Outputs:
             os.ftruncate(self.fd, end)
             raise
 
-    def attempt(self, what, path, write):
-        """Rank 0: ``write()``, keeping an OSError as this job's output error."""
-        if self.rank != 0 or self.error is not None:
+    def attempt(self, what, path, write, background=False):
+        """Rank 0: ``write()``, keeping an OSError as this job's output error; ``background``:
+        on a thread of its own, once the previous background write is done."""
+        if self.rank != 0:
             return
+        if background:
+            self.wait()
+        if self.error is not None:
+            return
+        if background:
+            self.writing = threading.Thread(target=self._attempt, args=(what, path, write),
+                                            name="mpitrain-checkpoint-writer", daemon=True)
+            self.writing.start()
+        else:
+            self._attempt(what, path, write)
+
+    def _attempt(self, what, path, write):
         try:
             write()
         except OSError as exc:
             self.error = f"cannot write {what} {path}: {exc.strerror or one_line(exc)}"
+
+    def wait(self):
+        """Rank 0: wait for the background write in progress, if any."""
+        if self.writing is not None:
+            self.writing.join()
+            self.writing = None
 
     def check(self):
         """Collective: raise rank 0's output error, if any, on every rank."""
@@ -74,6 +97,7 @@ class Outputs:
             raise OutputError(error)
 
     def close(self):
+        self.wait()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

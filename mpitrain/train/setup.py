@@ -26,6 +26,7 @@ from mpitrain.runtime import env, threads
 from mpitrain.runtime.errors import DataError, Interrupted, UsageError
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.loop import Trainer
+from mpitrain.train.preempt import Signals
 from mpitrain.train.records import Outputs, one_line
 
 TEST_FRACTION = 4  # --dataset synthetic: test set = synthetic_samples // 4
@@ -157,7 +158,7 @@ def _read_checkpoint(config):
         return None
     found, skipped = ckpt.read_latest(config.checkpoint_dir)
     for reason in skipped:
-        print(f"mpitrain: skipping {reason}", file=sys.stderr, flush=True)
+        print(f"mpitrain: warning: skipping {reason}", file=sys.stderr, flush=True)
     if found is None:
         return None
     return {"path": found.path, "params": found.params, "optimizer": found.optimizer_state,
@@ -219,8 +220,10 @@ def run(config):
         # across ranks (CollectiveError on every rank): bad input, not a crash.
         raise UsageError(str(exc)) from None
     trainer = None
+    # --preempt-signals: noted from here on, acted on after the next step (preempt.py)
+    signals = Signals(config.preempt_signals).install()
     try:
-        trainer, outputs = _start(config)
+        trainer, outputs = _start(config, signals)
         # --timeline / MPITRAIN_TIMELINE records per-rank spans (mpitrain/timeline/); the same
         # on every rank.
         trace = timeline.activate(timeline.Timeline(config.timeline or None, trainer.rank))
@@ -235,14 +238,17 @@ def run(config):
             raise Interrupted(None, None, config.checkpoint_dir) from None
         raise Interrupted(trainer.step, trainer.last_checkpoint_step,
                           config.checkpoint_dir) from None
+    finally:
+        signals.restore()
     return summary
 
 
-def _start(config):
+def _start(config, signals=None):
     """Everything before the first step, on every rank: threads, the launch agreement, backend,
     data, model, optimizer, the checkpoint to resume, rank 0's state everywhere and the header.
     Returns (trainer, outputs)."""
     rank, size = comm.rank(), comm.size()
+    config = _per_rank_batch(config, size)
     # --deterministic: BLAS results depend on the thread count (OpenBLAS splits some GEMMs
     # differently), so one thread per rank unless --threads says otherwise, for every N
     n_threads = threads.configure(config.threads or (1 if config.deterministic else 0),
@@ -258,7 +264,7 @@ def _start(config):
         optimizer = _build_optimizer(config, model, base_lr)
         outputs = Outputs(rank)
         trainer = Trainer(config, backend, train_set, test_set, model, optimizer, base_lr,
-                          outputs)
+                          outputs, signals)
         checkpoint = None
         if config.resuming:
             checkpoint = comm.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
@@ -287,6 +293,20 @@ def _start(config):
                   if checkpoint else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
                                      f"starting at step 0", flush=True)
     return trainer, outputs
+
+
+def _per_rank_batch(config, size):
+    """--global-batch-size G: --batch-size G / (ranks x --accumulate), the same G at any N (a
+    restart on fewer ranks); one line if it does not divide."""
+    if config.global_batch_size is None:
+        return config
+    share, left = divmod(config.global_batch_size, size * config.accumulate)
+    if left or not share:
+        accumulate = f" x --accumulate {config.accumulate}" if config.accumulate > 1 else ""
+        raise UsageError(f"--global-batch-size {config.global_batch_size} does not divide into "
+                         f"{size} ranks{accumulate}: give a multiple of "
+                         f"{size * config.accumulate}, or run on a number of ranks dividing it")
+    return config.replace(batch_size=share)
 
 
 def _check_same_launch(config):

@@ -44,7 +44,7 @@ COMM = {
 }
 # The text a field's variable takes when the field has a grammar of its own (flag_type).
 CUSTOM = {"hidden": ("8,4", (8, 4)), "lr_milestones": ("2,3", (2, 3)),
-          "augment": ("flip,crop", "crop,flip")}
+          "augment": ("flip,crop", "crop,flip"), "preempt_signals": ("usr1,sigterm", "TERM,USR1")}
 
 
 def _config_table():
@@ -72,7 +72,8 @@ CONFIG = _config_table()
 # a flag's "off" twin (--no-progress) has its variable too: MPITRAIN_NO_PROGRESS=1 is progress off
 OFF = {cfg.env_name(f.metadata["off_flag"]): f.name for f in cfg.fields()
        if f.metadata.get("off_flag")}
-OTHER = ("MPITRAIN_DATA",)         # the data layer's older name of MPITRAIN_DATA_DIR
+# the data layer's older name of MPITRAIN_DATA_DIR; the relaunch count mpitrainrun sets
+OTHER = ("MPITRAIN_DATA", "MPITRAIN_RESTART_COUNT")
 BOOLEANS = [name for name, (_, _, value) in {**COMM, **CONFIG}.items()
             if isinstance(value, bool)]
 TEXT = {name for name, (text, _, value) in {**COMM, **CONFIG}.items() if text == value}

@@ -1,0 +1,96 @@
+"""Stopping at a step boundary: a preemption signal, or rank 0's failed write, learnt by every
+rank after the same step.
+
+A cluster announces the end of a job's time with a signal -- Slurm, Kubernetes and spot VMs
+send SIGTERM, then SIGKILL a grace period later -- which may reach one rank, every rank, or the
+launcher (mpitrainrun and MPICH's mpiexec forward it to the ranks). ``Signals`` installs a
+handler for each of ``--preempt-signals`` that only notes the signal (Python runs it between
+bytecodes of the main thread, never inside an MPI call). Before each optimizer step every rank
+hands its notes to ``DistributedOptimizer.step(flags=...)``, which carries them in the message
+the ranks already exchange to agree on the step (its inline payload: no MPI call of its own)
+and returns their OR. So every rank learns after the same step that some rank was signalled;
+rank 0 writes a checkpoint (atomic: the old files or the new one, never a torn file) and every
+rank raises ``Preempted`` (the CLI's exit code 32).
+
+Where a step makes no agreement to carry them (one rank; weights mode; MPITRAIN_CHECK=0) the
+flags are exchanged in one small allreduce of their own, at the steps a checkpoint may be
+written: every step, every ``--average-every``-th one in weights mode (between averages the
+replicas differ). The ``--uneven`` tail, where ranks without samples make no step, carries none:
+the flags wait for the next step.
+
+A write of rank 0's that failed (a checkpoint on the ``--checkpoint-async`` thread, a metrics
+line) is a flag too, so every rank stops at the next step with the same OutputError.
+"""
+import signal
+
+import numpy as np
+
+from mpitrain import comm
+
+WRITE_FAILED = 1 << 40          # above every signal number, which are bits 1 << signum
+_BITS = 41
+
+
+class Signals:
+    """The stop signals noted since ``install``: ``noted``, bit ``1 << signum`` per signal."""
+
+    def __init__(self, names):
+        names = () if names == "none" else names.split(",")
+        self.signals = [getattr(signal, "SIG" + name) for name in names]
+        self.noted = 0
+        self.previous = {}
+
+    def install(self):
+        for number in self.signals:
+            try:
+                self.previous[number] = signal.signal(number, self._note)
+            except ValueError:      # not the main thread (an embedding): no handlers, no stops
+                break
+        return self
+
+    def _note(self, signum, frame):
+        self.noted |= 1 << signum
+
+    def restore(self):
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
+
+
+class StepFlags:
+    """This rank's flags before a step (``local``) and every rank's after it (``agree``)."""
+
+    def __init__(self, config, outputs, size, signals=None):
+        self.outputs, self.size = outputs, size
+        self.signals = Signals("none") if signals is None else signals
+        # the steps a checkpoint may be written at: the replicas are one model there
+        self.every = config.average_every if config.average == "weights" else 1
+
+    def local(self):
+        """This rank's flags: the signals it noted, WRITE_FAILED when rank 0's write failed."""
+        return self.signals.noted | (WRITE_FAILED if self.outputs.error is not None else 0)
+
+    def agree(self, agreed, step, joined):
+        """The OR of every rank's flags after optimizer step ``step`` (the same on every rank):
+        ``agreed`` as the step's agreement carried it, else exchanged here where a checkpoint
+        may follow the step; 0 after a step some ranks joined instead of making (``joined``)."""
+        if agreed is not None:
+            return agreed
+        if self.size == 1:
+            return self.local()
+        if joined or step % self.every:
+            return 0
+        bits = (self.local() >> np.arange(_BITS, dtype=np.int64)) & 1          # (bits,)
+        every = comm.allreduce(bits.astype(np.int32), op=comm.Max, name="StepFlags")
+        return int(np.sum(every.astype(np.int64) << np.arange(_BITS, dtype=np.int64)))
+
+
+def signal_name(flags):
+    """The name of the lowest stop signal among ``flags`` ("SIGTERM"), or None."""
+    for number in range(1, 40):
+        if flags & (1 << number):
+            try:
+                return signal.Signals(number).name
+            except ValueError:
+                return f"signal {number}"
+    return None

@@ -1,0 +1,74 @@
+"""Faults injected at an exact training step, for the launcher and preemption tests.
+
+``python tests/support/faults.py CLI-FLAGS...`` runs ``python -m mpitrain`` with
+``Trainer.train_step`` wrapped: before step ``FAULT_STEP + 1`` (that is, once FAULT_STEP steps
+are done), on rank ``FAULT_RANK`` (or on every rank of host ``FAULT_HOST``, PMI_HOSTNAME), and
+only on launch ``FAULT_LAUNCH`` (MPITRAIN_RESTART_COUNT; ``any``: every launch), it does
+``FAULT``:
+
+    kill    SIGKILL itself (a crash: no Python cleanup, no MPI_Abort)
+    term    SIGTERM itself (a preemption notice), then trains on
+    stall   sleeps FAULT_SLEEP_S (never reaches the step's collective)
+    raise   raises RuntimeError (the abort hook ends the job)
+
+``FAULT_TIMES=PATH`` appends ``fail <time>`` when the fault hits and, on rank 0 of a relaunch,
+``resumed <time>`` when its first step is done: the restart overhead (docs/launching.md).
+
+Being exact, the tests need no timing: the step a fault hits is the step it was told. Without
+FAULT it is ``python -m mpitrain``.
+"""
+import os
+import signal
+import sys
+import time
+
+
+def _applies(trainer):
+    env = os.environ
+    if "FAULT" not in env or trainer.step != int(env["FAULT_STEP"]):
+        return False
+    launch = env.get("FAULT_LAUNCH", "0")
+    if launch != "any" and env.get("MPITRAIN_RESTART_COUNT", "0") != launch:
+        return False
+    if "FAULT_HOST" in env:
+        return env.get("PMI_HOSTNAME") == env["FAULT_HOST"]
+    return trainer.rank == int(env.get("FAULT_RANK", "0"))
+
+
+def _note(what):
+    if os.environ.get("FAULT_TIMES"):
+        with open(os.environ["FAULT_TIMES"], "a") as f:
+            f.write(f"{what} {time.time():.3f}\n")
+
+
+def main():
+    from mpitrain.train import cli, loop
+
+    step_once = loop.Trainer.train_step
+
+    first = [os.environ.get("MPITRAIN_RESTART_COUNT", "0") != "0"]
+
+    def train_step(self, step):
+        if _applies(self):
+            fault = os.environ["FAULT"]
+            _note("fail")
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault == "term":
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif fault == "stall":
+                time.sleep(float(os.environ.get("FAULT_SLEEP_S", "120")))
+            elif fault == "raise":
+                raise RuntimeError(f"injected fault at step {self.step}")
+        result = step_once(self, step)
+        if first[0] and self.rank == 0:
+            first[0] = False
+            _note("resumed")
+        return result
+
+    loop.Trainer.train_step = train_step
+    cli.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
