@@ -3,7 +3,7 @@
     python benchmarks/gpu_kernels.py [--kernels cupy numba] [--elements 67108864] [--gemm 4096]
                                      [--rounds 5] [--json PATH | --out DIR]
 
-For each CUDA flavour that loads (kernels/cuda_cupy.py, kernels/cuda_numba.py), every memory-bound
+For each CUDA flavour that loads (kernels/cuda_cupy/, kernels/cuda_numba/), every memory-bound
 kernel of the training step is timed on ``--elements`` float32 elements (ResNet's BatchNorm,
 pooling and shortcut kernels on an (N, 16, 28, 28) batch of that size) and its effective
 bandwidth (bytes it must read + write, divided by time) is compared with a plain device-to-device

@@ -223,7 +223,7 @@ class Conv2D(Layer):
         oh, ow = self.output_hw(h, w)
         self._fused = getattr(k, "conv2d_forward", None) is not None
         if self._fused:
-            # The backend's own convolution (the CPU's: one image at a time, kernels/cpu_conv.py)
+            # The backend's own convolution (the CPU's: one image at a time, kernels/cpu/conv.py)
             y = self.workspace("y", (n, self.out_channels, oh, ow))    # (N, OC, OH, OW)
             k.conv2d_forward(x, self.weight.data, None if self.bias is None else self.bias.data,
                              y, self.stride, self.padding, self.relu)

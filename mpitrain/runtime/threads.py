@@ -11,8 +11,8 @@ cores for the next elementwise kernel. Measured on the 2-core box, one rank, bat
 (BLAS + Numba threads): MLP 1+1 10.3, 2+1 5.6, 1+2 9.7, 2+2 26.4; LeNet 1+1 102.7, 2+1 84.2,
 1+2 84.1, 2+2 135.7 (docs/benchmarks.md). The GEMMs are most of every step, so BLAS gets the
 cores; the Numba kernels are memory-bound and gain little from a second thread. The exception is
-the CPU convolution's gathered path (kernels/cpu_conv.py), compute-bound Numba GEMMs that call
-no BLAS: it splits a batch over the same budget with its own threads (``cpu_conv.THREADS``;
+the CPU convolution's gathered path (kernels/cpu/conv.py), compute-bound Numba GEMMs that call
+no BLAS: it splits a batch over the same budget with its own threads (``conv.THREADS``;
 one rank, 2 threads, ResNet-20 214 -> 144 ms/step).
 
 When it is set matters: OpenBLAS and MKL read OMP_NUM_THREADS & co. once, when they are loaded,
