@@ -1,11 +1,14 @@
 """Allreduce benchmark: mpitrain's allreduce against MPI_Allreduce, interleaved in one run.
 
     mpiexec -n 2 python benchmarks/allreduce.py [--max-bytes 64M] [--algo auto|ring|mpi]
-                                               [--out out/bench] [--json PATH] [--plot [PATH]]
+                                               [--op sum|average] [--out out/bench]
+                                               [--json PATH] [--plot [PATH]]
 
 For each float32 size (powers of two, 4 B .. 256 MB) both implementations run the same number of
-iterations, alternating ours / MPI (and which goes first), each timed between barriers; the reported time is
-the median over iterations of the slowest rank. algbw = bytes / time; busbw = algbw * 2(N-1)/N
+iterations (at least 20), alternating ours / MPI (and which goes first), each timed between
+barriers; the reported time is the median over iterations of the slowest rank. Ours is the in-place
+``mt.allreduce_`` with ``--op`` (sum by default; average adds the 1/N scale, which MPI's side,
+a plain MPI_SUM, does not do). algbw = bytes / time; busbw = algbw * 2(N-1)/N
 (the bytes each rank must move, so busbw is comparable across N); ratio = t_mpi / t_ours (> 1:
 ours is faster). Before timing each size, both results are checked against the exact expected
 sum; a wrong value prints the size and exits 1 (on every rank). The check cost (cross-rank
@@ -41,7 +44,7 @@ def fmt_bytes(n):
 def iterations(nbytes, budget_s):
     # Rough cost model (20 us + 1 ns/byte) so every size gets ~budget_s per implementation.
     per_call = 20e-6 + nbytes * 1e-9
-    return int(min(2000, max(5, budget_s / per_call)))
+    return int(min(2000, max(20, budget_s / per_call)))
 
 
 def verify(comm, n_elems):
@@ -56,11 +59,11 @@ def verify(comm, n_elems):
     return comm.allreduce(ok, op=MPI.LAND)
 
 
-def bench_size(comm, nbytes, budget_s):
+def bench_size(comm, nbytes, budget_s, op=mt.Sum):
     n = max(1, nbytes // 4)
     ours_buf = np.zeros(n, np.float32)                             # (n,)
     mpi_buf = np.zeros(n, np.float32)                              # (n,)
-    ours = lambda: mt.allreduce_(ours_buf, op=mt.Sum)              # noqa: E731
+    ours = lambda: mt.allreduce_(ours_buf, op=op)                  # noqa: E731
     theirs = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_buf, op=MPI.SUM)  # noqa: E731
     ours(), theirs()                                               # warm-up (JIT, buffers)
     iters = comm.bcast(iterations(n * 4, budget_s), root=0)
@@ -107,6 +110,8 @@ def main(argv=None):
     p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
     p.add_argument("--algo", choices=["auto", "ring", "mpi"], default="auto",
                    help="path for our allreduce (sets MPITRAIN_ALLREDUCE)")
+    p.add_argument("--op", choices=["sum", "average"], default="sum",
+                   help="our allreduce's op (MPI's side always sums)")
     p.add_argument("--budget", type=float, default=0.3,
                    help="approximate seconds per size per implementation")
     p.add_argument("--out", default="out/bench", help="directory for allreduce.json/.png")
@@ -131,7 +136,7 @@ def main(argv=None):
     sizes = [1 << k for k in range(2, 40) if lo <= (1 << k) <= hi]
     results = []
     if rank == 0:
-        print(f"# allreduce float32, N={size}, ours={args.algo}, "
+        print(f"# allreduce float32, N={size}, ours={args.algo} op={args.op}, "
               f"ring threshold={world.current().settings.ring_threshold_bytes} B")
         print("# times: median (and min) over iterations of the slowest rank; bandwidths in GB/s "
               "from the medians; ratio = t_mpi / t_ours (median, min)")
@@ -142,7 +147,8 @@ def main(argv=None):
             if rank == 0:
                 print(f"WRONG RESULT at {fmt_bytes(nbytes)}", file=sys.stderr)
             return 1
-        nb, iters, t_ours, t_mpi, min_ours, min_mpi = bench_size(comm, nbytes, args.budget)
+        nb, iters, t_ours, t_mpi, min_ours, min_mpi = bench_size(
+            comm, nbytes, args.budget, mt.Sum if args.op == "sum" else mt.Average)
         bus = 2 * (size - 1) / size if size > 1 else 1.0
         row = {"bytes": nb, "iters": iters, "ours_s": t_ours, "mpi_s": t_mpi,
                "ours_min_s": min_ours, "mpi_min_s": min_mpi,
@@ -169,8 +175,8 @@ def main(argv=None):
 
 def write_outputs(args, size, results, cost):
     json_path = args.json or os.path.join(args.out, "allreduce.json")
-    benchutil.write_json(json_path, {"ranks": size, "algo": args.algo, "results": results,
-                                     "check_cost": cost})
+    benchutil.write_json(json_path, {"ranks": size, "algo": args.algo, "op": args.op,
+                                     "results": results, "check_cost": cost})
     print(f"# wrote {json_path}")
     if args.plot is None:
         return

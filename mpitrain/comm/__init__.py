@@ -2,12 +2,12 @@
 the names below and nothing past them (tests/unit/test_import_layers.py). mpitrain/__init__.py
 re-exports the public ones (its ``__all__``); docs/architecture.md draws the layers.
 
-Bottom to top (each module imports only those before it): abort, watchdog, settings,
-kinds (every collective kind, with what a rank that has joined does: no imports), check,
-handles (the comm thread of non-blocking collectives), world (init/shutdown and the
-per-communicator World), process_sets, build_info (what can run here), ops, ring, tree,
-hierarchical, buckets, fusion, engine, host, overlap, device, collectives (the public API: host
-or device, chosen in one place), join (a rank out of data serving the others), tracing
+Bottom to top (each module imports only those before it): abort, watchdog, settings, kinds (every
+collective kind, with what a rank that has joined does: no imports), check, handles (the comm
+thread of non-blocking collectives), world (init/shutdown and the per-communicator World),
+process_sets, build_info (what can run here), gpu (the process's GPU), ops, ring, tree,
+hierarchical, buckets, fusion, engine, host, overlap, device, collectives (the public API: host or
+device, chosen in one place), join (a rank out of data serving the others), tracing
 (``mt.start_timeline`` / ``mt.stop_timeline``).
 """
 import numpy as np
@@ -25,6 +25,7 @@ from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum
                                        grouped_allreduce_async, grouped_allreduce_async_,
                                        reducescatter, reducescatter_async)
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
+from mpitrain.comm.gpu import select_device
 from mpitrain.comm.engine import allreduce_flat
 from mpitrain.comm.handles import Handle, poll, synchronize
 from mpitrain.comm.handles import ordered as run_ordered
@@ -56,12 +57,6 @@ __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgathe
            "remove_process_set", "run_ordered", "select_device", "shutdown", "size",
            "start_timeline", "stop_timeline", "Sum", "synchronize", "tree_allreduce",
            "tree_allreduce_", "world_of"]
-
-
-def select_device(flavour=None):
-    """Bind this process to its GPU (comm/device.py; imported only when a GPU is asked for)."""
-    from mpitrain.comm.device import select_device as select
-    return select(flavour=flavour)
 
 # What the layer above (mpitrain/parallel) needs beyond the collectives: the cross-rank agreement
 # of a step, the fixed-tree sum and the bucketed allreduce that overlaps backward.

@@ -52,9 +52,10 @@ def _impl_of_all(xs):
     return _device() if any(on_device(x) for x in xs) else host
 
 
-def _run(impl, kind, process_set, *args):
-    """The blocking call: ``impl.<kind>`` on the set's World, in order with handles in flight."""
-    return handles.ordered(getattr(impl, kind), world_of(process_set, kind), *args)
+def _run(fn, kind, process_set, *args):
+    """The blocking call: ``fn`` (host.py's or device.py's function of that name) on the set's
+    World, in order with handles in flight."""
+    return handles.ordered(fn, world_of(process_set, kind), *args)
 
 
 def _submit(impl, kind, process_set, name, *args):
@@ -76,15 +77,15 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
               process_set=GLOBAL):
     """Reduce ``x`` across ranks; returns a new array on every rank (same shape; same dtype,
     except that the Average of integers is a float64 mean)."""
-    return _run(_impl(x), Kind.ALLREDUCE, process_set, x, op, name, prescale_factor,
+    return _run(_impl(x).allreduce, Kind.ALLREDUCE, process_set, x, op, name, prescale_factor,
                 postscale_factor)
 
 
 def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=GLOBAL):
     """In-place allreduce; returns ``x``."""
-    return _run(_impl(x), Kind.ALLREDUCE_, process_set, x, op, name, prescale_factor,
-                postscale_factor)
+    return _run(_impl(x).allreduce_, Kind.ALLREDUCE_, process_set, x, op, name,
+                prescale_factor, postscale_factor)
 
 
 def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -95,39 +96,39 @@ def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_
     settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
     """
     xs = list(xs)
-    return _run(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE, process_set, xs, op, name,
-                prescale_factor, postscale_factor, fusion_threshold_bytes)
+    return _run(_impl_of_all(xs).grouped_allreduce, Kind.GROUPED_ALLREDUCE, process_set, xs,
+                op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        fusion_threshold_bytes=None, process_set=GLOBAL):
     """In-place grouped allreduce (e.g. gradients); returns the same list."""
     xs = list(xs)
-    return _run(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE_, process_set, xs, op, name,
-                prescale_factor, postscale_factor, fusion_threshold_bytes)
+    return _run(_impl_of_all(xs).grouped_allreduce_, Kind.GROUPED_ALLREDUCE_, process_set, xs,
+                op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def allgather(x, name=None, process_set=GLOBAL):
     """Concatenate every rank's ``x`` along axis 0 (first dims may differ; the rest must not)."""
-    return _run(_impl(x), Kind.ALLGATHER, process_set, x, name)
+    return _run(_impl(x).allgather, Kind.ALLGATHER, process_set, x, name)
 
 
 def broadcast(x, root_rank, name=None, process_set=GLOBAL):
     """Return a new array holding root_rank's ``x`` on every rank (root_rank: a global rank)."""
-    return _run(_impl(x), Kind.BROADCAST, process_set, x, root_rank, name)
+    return _run(_impl(x).broadcast, Kind.BROADCAST, process_set, x, root_rank, name)
 
 
 def broadcast_(x, root_rank, name=None, process_set=GLOBAL):
     """Overwrite ``x`` with root_rank's values in place; returns ``x``."""
-    return _run(_impl(x), Kind.BROADCAST_, process_set, x, root_rank, name)
+    return _run(_impl(x).broadcast_, Kind.BROADCAST_, process_set, x, root_rank, name)
 
 
 def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=GLOBAL):
     """Reduce ``x`` across ranks and give rank r (of the set) block r of axis 0 (first len % N
     get +1 row)."""
-    return _run(_impl(x), Kind.REDUCESCATTER, process_set, x, op, name, prescale_factor,
-                postscale_factor)
+    return _run(_impl(x).reducescatter, Kind.REDUCESCATTER, process_set, x, op, name,
+                prescale_factor, postscale_factor)
 
 
 def alltoall(x, splits=None, name=None, process_set=GLOBAL):
@@ -135,21 +136,21 @@ def alltoall(x, splits=None, name=None, process_set=GLOBAL):
 
     Without ``splits`` the first dimension must divide evenly by the number of ranks.
     """
-    return _run(_impl(x), Kind.ALLTOALL, process_set, x, splits, name)
+    return _run(_impl(x).alltoall, Kind.ALLTOALL, process_set, x, splits, name)
 
 
 def barrier(process_set=GLOBAL):
-    return _run(host, Kind.BARRIER, process_set)
+    return _run(host.barrier, Kind.BARRIER, process_set)
 
 
 def broadcast_object(obj, root_rank=0, process_set=GLOBAL):
     """root_rank's (picklable) ``obj`` on every rank."""
-    return _run(host, Kind.BROADCAST_OBJECT, process_set, obj, root_rank)
+    return _run(host.broadcast_object, Kind.BROADCAST_OBJECT, process_set, obj, root_rank)
 
 
 def allgather_object(obj, process_set=GLOBAL):
     """List of every rank's (picklable) ``obj``, in rank order."""
-    return _run(host, Kind.ALLGATHER_OBJECT, process_set, obj)
+    return _run(host.allgather_object, Kind.ALLGATHER_OBJECT, process_set, obj)
 
 
 # --- non-blocking: a handle now, the result from synchronize(handle) ---------------------------

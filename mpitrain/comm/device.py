@@ -1,16 +1,14 @@
-"""Collectives on device buffers (CuPy arrays, Numba device arrays), and GPU selection.
+"""Device arrays (CuPy, Numba): what differs from the host -- array families and transport.
 
 collectives.py hands every array exposing ``__cuda_array_interface__`` (or a Numba device array,
 which under NUMBA_ENABLE_CUDASIM=1 is a simulated one) to the functions here, which have the same
-names and signatures as the host API. Arguments are validated and agreed across ranks exactly as
-on the host (check.py's agreement), so a mismatch is a CollectiveError on every rank, never a hang.
+names and signatures as the host API. allreduce and grouped_allreduce are host.py's own
+(``allreduce_checked``, ``grouped``: validation, agreement, integer means, the fusion loop) run
+over a device array family (``_Family``: allocation, copies, the transport below), so the two
+paths cannot drift apart; a mismatch is a CollectiveError on every rank, never a hang.
 
-GPU selection: ``select_device()`` binds the process to GPU ``local_rank % device_count``; the
-training loop calls it before it allocates anything (a CUDA context created on the wrong GPU
-cannot be moved). CuPy and Numba keep the current GPU per thread, and a new thread starts on GPU
-0: a device collective may run on the comm thread (queued behind non-blocking collectives in
-flight, handles.ordered), so every device collective first binds the process's GPU on the thread
-that runs it (once per thread).
+The process's GPU (``select_device``, re-exported here; made current on the thread running each
+device collective) is gpu.py's.
 
 Allreduce transport, chosen once (on the first device collective, identically on every rank,
 logged once by rank 0; ``MPITRAIN_DEVICE_COMM=nccl|mpi|host`` -- CommSettings.device_comm --
@@ -32,51 +30,62 @@ forces one):
 
 Average is Sum then a device scale by postscale/N (prescale first), like the host path; dtypes
 a transport cannot reduce (float16 on MPI, int16 on NCCL) take the host path. The fusion buffer
-of grouped_allreduce lives on the device: its plan follows fusion.py's rules (by dtype in order of
-first appearance, packed in input order up to MPITRAIN_FUSION_THRESHOLD bytes) so it is identical
-on every rank and reruns are bitwise identical. The one-off collectives (broadcast, allgather,
-reducescatter, alltoall: parameter broadcast at start, metrics) stage through the host (host.py).
-The chosen GPU lives in the global World (``world.current().device``: one per process); the
-transport, NCCL communicator and device fusion buffer in the World each collective is given as
-``state`` (the global set's or a process set's, resolved by collectives.py), so
-``mt.shutdown()`` and ``mt.remove_process_set`` forget them.
-
-Array families: the only place in the package that branches on the array type is ``_family``;
-everything else goes through a family's kernels module (mpitrain.kernels.cuda_cupy or
-cuda_numba) and its three copy/pinned helpers.
+of grouped_allreduce lives on the device, with fusion.py's plan. The one-off collectives
+(broadcast, allgather, reducescatter, alltoall: parameter broadcast at start, metrics) stage
+through the host (host.py). The transport, NCCL communicator and device fusion buffer live in
+the World each collective is given as ``state`` (the global set's or a process set's, resolved
+by collectives.py), so ``mt.shutdown()`` and ``mt.remove_process_set`` forget them. The only
+place in the package that branches on the device array type is ``_family``.
 """
 import ctypes
-import importlib.util
 import os
 import re
 import socket
 import sys
-import threading
 
 import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import host as host_collectives
 from mpitrain.comm import world
-from mpitrain.comm.build_info import cuda_built, device_count, nccl_built
+from mpitrain.comm.build_info import cuda_built, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
-from mpitrain.comm.fusion import FusionBuffer
+from mpitrain.comm.gpu import bind_thread, select_device
 from mpitrain.comm.kinds import Kind
-from mpitrain.comm.ops import (DTYPES, MPI_OPS, Average, first_error, integer_average,
-                               integer_average_error, on_device, reduce_args, reduce_kind)
+from mpitrain.comm.ops import DTYPES, MPI_OPS, Average, on_device, reduce_kind
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
+
+__all__ = ["TRANSPORTS", "select_device", "cuda_aware_mpi", "transport", "allreduce",
+           "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "broadcast",
+           "broadcast_", "reducescatter", "alltoall"]
 
 
 # --- array families -----------------------------------------------------------------------------
 
 class _Family:
-    """What the device collectives need of one array family: its kernels module (copy, scale,
-    empty, to_host, to_device, synchronize) and the helpers below."""
+    """A device array family: its kernels module (copy, scale, empty, to_host, to_device,
+    synchronize), the staging helpers below, and what host.py's collectives need of an array
+    family (host.HostArrays has the same attributes), so one implementation serves both."""
+
+    fields = {"device": True}             # moved by the device's transport (kinds.py)
+    home = staticmethod(lambda state: state.device)       # state.device["fusion"]
 
     def __init__(self, kernels, new_pinned):
         self.kernels = kernels
+        self.empty, self.copy = kernels.empty, kernels.copy
         self._new_pinned = new_pinned           # (n, dtype) -> a pinned host array
         self._pinned = {}
+
+    @staticmethod
+    def flat(a):
+        return a if a.ndim == 1 else a.reshape(a.size)
+
+    def as_float64(self, a):
+        """The float64 mean of integers, as on the host (integer averages are small metrics)."""
+        return self.kernels.to_device(self.kernels.to_host(a).astype(np.float64))
+
+    def allreduce_flat(self, state, flat, op, pre, post):
+        return _allreduce_flat(state, self, flat, op, pre, post)
 
     def pinned(self, n, dtype):
         """A pinned host buffer of >= n elements, reused across calls."""
@@ -163,53 +172,7 @@ def _family(x):
     return _families[key]
 
 
-# --- GPU selection ------------------------------------------------------------------------------
-
-def select_device(local_rank=None, flavour=None):
-    """Bind this process to GPU ``local_rank % device_count()`` (idempotent); returns its id.
-
-    Call before any device allocation. local_rank defaults to mpitrain's local rank. flavour
-    "numba" (``--kernels numba``) binds Numba only and never imports CuPy; otherwise CuPy too,
-    when it is installed.
-    """
-    state = world.current().device                  # the process's GPU: the global World's
-    if state.get("device") is not None:
-        return state["device"]
-    count = device_count()
-    if count < 1:
-        raise RuntimeError("--device cuda: no CUDA device is visible (device_count() == 0)")
-    rank = world.local_rank() if local_rank is None else int(local_rank)
-    dev = rank % count
-    cupy = None
-    if flavour != "numba" and ("cupy" in sys.modules
-                               or importlib.util.find_spec("cupy") is not None):
-        import cupy
-    _make_current(dev, cupy)
-    state["device"] = dev
-    return dev
-
-
-_this_thread = threading.local()     # .device: the GPU made current on this thread
-
-
-def _bind_thread():
-    """Make the process's GPU (select_device's) current on the calling thread, once per thread:
-    CuPy and Numba keep it per thread, and a thread that never chose one (the comm thread) runs
-    on GPU 0. CuPy is bound only if loaded (select_device loads it unless the flavour is numba)."""
-    dev = world.current().device.get("device")
-    if dev is not None and getattr(_this_thread, "device", None) != dev:
-        _make_current(dev, sys.modules.get("cupy"))
-
-
-def _make_current(dev, cupy):
-    """GPU ``dev`` current on the calling thread for Numba and, unless ``cupy`` is None, CuPy."""
-    if cupy is not None:
-        cupy.cuda.Device(dev).use()
-    from numba import cuda
-    if cuda.is_available():
-        cuda.select_device(dev)
-    _this_thread.device = dev
-
+# --- which GPU (select_device and bind_thread: gpu.py) --------------------------------------------
 
 def _current_device():
     """This process's GPU id (select_device's, else CuPy's current one), or -1."""
@@ -361,14 +324,10 @@ def _allreduce_flat(state, fam, flat, op, pre, post):
     return flat
 
 
-def _flat(a):
-    return a if a.ndim == 1 else a.reshape(a.size)
-
-
 def _check(x, kind):
     """(wrapped array, family, error string or None) for one device argument; first of all the
     process's GPU is made current on this thread (every device collective starts here)."""
-    _bind_thread()
+    bind_thread()
     fam = _family(x)
     a = fam.wrap(x)
     if np.dtype(a.dtype) not in DTYPES:
@@ -379,100 +338,30 @@ def _check(x, kind):
     return a, fam, None
 
 
-def _copy_of(fam, a):
-    out = fam.kernels.empty(a.shape, a.dtype)
-    fam.kernels.copy(out, a)
-    return out
-
-
-# --- allreduce ----------------------------------------------------------------------------------
+# --- allreduce and grouped allreduce: host.py's, over a device family ----------------------------
 
 def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, Kind.ALLREDUCE)
-    if err is None and integer_average(a.dtype, op):
-        # a float64 mean, as on the host, and through it (integer averages are small metrics)
-        return fam.kernels.to_device(host_collectives.allreduce(
-            state, fam.kernels.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor))
-    out = _copy_of(fam, a) if err is None else a
-    return _allreduce_checked(state, Kind.ALLREDUCE, fam, out, err, op, name, prescale_factor,
-                              postscale_factor)
+    return host_collectives.allreduce_checked(state, fam, Kind.ALLREDUCE, a, err, op, name,
+                                              prescale_factor, postscale_factor)
 
 
 def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     a, fam, err = _check(x, Kind.ALLREDUCE_)
-    if err is None and integer_average(a.dtype, op):
-        err = integer_average_error(Kind.ALLREDUCE_, a.dtype)
-    _allreduce_checked(state, Kind.ALLREDUCE_, fam, a, err, op, name, prescale_factor,
-                       postscale_factor)
+    host_collectives.allreduce_checked(state, fam, Kind.ALLREDUCE_, a, err, op, name,
+                                       prescale_factor, postscale_factor)
     return x
-
-
-def _allreduce_checked(state, kind, fam, a, err, op, name, prescale, postscale):
-    op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
-    fields.update(name=name, shape=tuple(a.shape), dtype=np.dtype(a.dtype).str, device=True)
-    state.agreement(Kind.ALLREDUCE, fields, err or err2)
-    _allreduce_flat(state, fam, _flat(a), op, pre, post)
-    return a
-
-
-# --- grouped allreduce through the device fusion buffer ------------------------------------------
-
-class DeviceFusionBuffer(FusionBuffer):
-    """fusion.FusionBuffer's plan with its flat buffers on the device (one per dtype)."""
-
-    def __init__(self, fam, threshold_bytes):
-        super().__init__(threshold_bytes, empty=fam.kernels.empty)
-        self.fam = fam
-
-    def allreduce(self, arrays, outs, reduce_flat):
-        k = self.fam.kernels
-        for bucket in self.plan(arrays):
-            if len(bucket.entries) == 1:
-                i = bucket.entries[0][0]
-                if outs[i] is not arrays[i]:
-                    k.copy(outs[i], arrays[i])
-                reduce_flat(_flat(outs[i]))
-                continue
-            flat = self._buffers[bucket.dtype][:bucket.total]            # (total,) on device
-            for i, off, n in bucket.entries:
-                k.copy(flat[off:off + n], arrays[i])
-            reduce_flat(flat)
-            for i, off, n in bucket.entries:
-                k.copy(outs[i], flat[off:off + n])
-        return outs
 
 
 def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold=None):
     xs = list(xs)
     checked = [_check(x, kind) if on_device(x) else
                (x, None, f"{kind}: host and device arrays mixed in one call") for x in xs]
-    arrays = [c[0] for c in checked]
     fams = {c[1].name: c[1] for c in checked if c[1] is not None}
-    errors = [c[2] for c in checked]
-    errors += [f"{kind}: the Average of {np.dtype(a.dtype).name} device arrays is not an "
-               f"integer; use mt.allreduce per array (a float64 mean) or op=mt.Sum"
-               for a, fam, e in checked
-               if fam is not None and e is None and integer_average(a.dtype, op)]
-    if len(fams) > 1:
-        errors.append(f"{kind}: CuPy and Numba device arrays mixed in one call")
-    op, pre, post, fields, err = reduce_args(kind, op, prescale, postscale)
-    try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
-        threshold, threshold_err = host_collectives.fusion_threshold(state, threshold), None
-    except ValueError as exc:
-        threshold, threshold_err = None, str(exc)
-    fields.update(name=name, threshold_bytes=threshold,
-                  arrays=tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays),
-                  device=True)        # moved by the device's transport (kinds.py)
-    state.agreement(Kind.GROUPED_ALLREDUCE, fields, first_error(err, threshold_err, *errors))
-    if not arrays:
-        return []
-    fam = next(iter(fams.values()))
-    fusion = state.device.get("fusion")
-    if fusion is None or fusion.fam is not fam or fusion.threshold_bytes != threshold:
-        fusion = state.device["fusion"] = DeviceFusionBuffer(fam, threshold)
-    outs = arrays if in_place else [fam.kernels.empty(a.shape, a.dtype) for a in arrays]
-    fusion.allreduce(arrays, outs, lambda flat: _allreduce_flat(state, fam, flat, op, pre, post))
+    mixed = f"{kind}: CuPy and Numba device arrays mixed in one call" if len(fams) > 1 else None
+    outs = host_collectives.grouped(state, next(iter(fams.values())), kind,
+                                    [c[0] for c in checked], [c[2] for c in checked], in_place,
+                                    op, name, prescale, postscale, threshold, mixed)
     return xs if in_place else outs
 
 
@@ -498,42 +387,38 @@ def _checked(state, x, kind):
     return a, fam
 
 
-def _down(state, x, kind):
-    """``_checked``, then a host copy of the array."""
-    a, fam = _checked(state, x, kind)
-    return fam.kernels.to_host(a), fam
-
-
 def allgather(state, x, name=None):
-    host, fam = _down(state, x, Kind.ALLGATHER)
-    return fam.kernels.to_device(host_collectives.allgather(state, host, name=name))
+    a, fam = _checked(state, x, Kind.ALLGATHER)
+    k = fam.kernels
+    return k.to_device(host_collectives.allgather(state, k.to_host(a), name=name))
 
 
 def broadcast(state, x, root_rank, name=None):
-    host, fam = _down(state, x, Kind.BROADCAST)
-    return fam.kernels.to_device(host_collectives.broadcast(state, host, root_rank, name=name))
+    a, fam = _checked(state, x, Kind.BROADCAST)
+    k = fam.kernels
+    return k.to_device(host_collectives.broadcast(state, k.to_host(a), root_rank, name=name))
 
 
 def broadcast_(state, x, root_rank, name=None):
     a, fam = _checked(state, x, Kind.BROADCAST_)
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
-    fam.to_host(_flat(a), host)
+    fam.to_host(fam.flat(a), host)
     host_collectives.broadcast_(state, host.reshape(a.shape), root_rank, name=name)
-    fam.to_dev(host, _flat(a))
+    fam.to_dev(host, fam.flat(a))
     return x
 
 
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
-    host, fam = _down(state, x, Kind.REDUCESCATTER)
-    return fam.kernels.to_device(host_collectives.reducescatter(
-        state, host, op=op, name=name, prescale_factor=prescale_factor,
+    a, fam = _checked(state, x, Kind.REDUCESCATTER)
+    k = fam.kernels
+    return k.to_device(host_collectives.reducescatter(
+        state, k.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
 
 def alltoall(state, x, splits=None, name=None):
-    host, fam = _down(state, x, Kind.ALLTOALL)
-    res = host_collectives.alltoall(state, host, splits=splits, name=name)
-    if splits is None:
-        return fam.kernels.to_device(res)
-    return fam.kernels.to_device(res[0]), res[1]
+    a, fam = _checked(state, x, Kind.ALLTOALL)
+    k = fam.kernels
+    res = host_collectives.alltoall(state, k.to_host(a), splits=splits, name=name)
+    return k.to_device(res) if splits is None else (k.to_device(res[0]), res[1])

@@ -14,11 +14,12 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm.hierarchical import hierarchical_allreduce
-from mpitrain.comm.ops import MPI_OPS, UFUNCS, Average, reduce_kind
+from mpitrain.comm.ops import MPI_OPS, Average, ReduceOp, reduce_kind
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels import cpu
 
 REDUCERS = {k: (lambda d, s, _k=k: cpu.reduce_into(d, s, _k)) for k in MPI_OPS}
+_MPI_OP = {op: MPI_OPS[reduce_kind(op)] for op in ReduceOp}    # by op: no lookups per call
 
 
 def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
@@ -27,13 +28,14 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
     settings, comm = state.settings, state.ring
     if prescale != 1.0:
         scale(flat, prescale)
-    algo = settings.algorithm
-    use_ring = (flat.dtype == np.float16 or algo == "ring"
-                or (algo == "auto" and flat.nbytes >= settings.ring_threshold_bytes))
-    factor = postscale / comm.Get_size() if op is Average else postscale
-    if comm.Get_size() > 1 and flat.size:
-        kind = reduce_kind(op)
+    size = comm.Get_size()
+    factor = postscale / size if op is Average else postscale
+    if size > 1 and flat.size:
+        algo = settings.algorithm                    # the path rule (docs/architecture.md)
+        use_ring = (flat.dtype.char == "e" or algo == "ring"                       # float16
+                    or (algo == "auto" and flat.nbytes >= settings.ring_threshold_bytes))
         if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
+            kind = reduce_kind(op)
             sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
             ring = (REDUCERS[kind], _scratch(state, flat.dtype, sub), sub) if use_ring else None
             hierarchical_allreduce(*state.node_comms, flat, MPI_OPS[kind], factor, scale, ring)
@@ -42,10 +44,10 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
             # each rank scales the chunk it completes, before the allgather: same bits
             finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
             sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
-            ring_allreduce(comm, flat, REDUCERS[kind], _scratch(state, flat.dtype, sub), sub,
-                           finish)
+            ring_allreduce(comm, flat, REDUCERS[reduce_kind(op)],
+                           _scratch(state, flat.dtype, sub), sub, finish)
             return flat
-        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
+        comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OP[op])
     if factor != 1.0:
         scale(flat, factor)
     return flat
@@ -64,15 +66,3 @@ def scale(flat, factor):
         cpu.scale(flat, factor)            # NumPy's bits, ~10x faster than NumPy's float16
     else:
         np.multiply(flat, factor, out=flat, casting="unsafe")
-
-
-def reduce_rows(flat, rows, kind):
-    """flat = rows[0] op rows[1] op ... in rank order: the same bits on every rank.
-
-    At most 4 KiB per row (check.INLINE_BYTES): NumPy's ufuncs (same wrapping and rounding as
-    the Numba kernels) cost less per call here than a Numba dispatch plus a copy.
-    """
-    dtype, ufunc = flat.dtype, UFUNCS[kind]
-    ufunc(rows[0].view(dtype), rows[1].view(dtype), out=flat)
-    for r in range(2, rows.shape[0]):
-        ufunc(flat, rows[r].view(dtype), out=flat)

@@ -13,6 +13,10 @@ plan (the caller has checked that the shapes agree), every element is summed in 
 every run, and reruns are bitwise identical -- unlike dynamic fusion that packs whatever is ready.
 Plans are cached by signature, and one flat buffer per dtype (sized to that dtype's largest
 bucket, so never above the threshold) is reused by every bucket and every call.
+
+The loop serves every array family (``NumpyArrays`` here, CuPy's and Numba's in device.py): how
+to allocate (``empty``), copy between an array and a slice of the flat buffer (``copy``), and see
+an array as contiguous 1-D (``flat``, ``contiguous``).
 """
 import numpy as np
 
@@ -30,13 +34,29 @@ def check_threshold(value):
     return int(value)
 
 
-class FusionBuffer:
-    """``empty(shape, dtype)`` allocates the flat buffers: NumPy here, a device backend's
-    ``kernels.empty`` for comm/device.py's subclass (same plan, buffers on the GPU)."""
+class NumpyArrays:
+    """The array family of NumPy arrays (what FusionBuffer needs; see the module docstring)."""
 
-    def __init__(self, threshold_bytes=DEFAULT_THRESHOLD_BYTES, empty=np.empty):
+    empty = staticmethod(np.empty)
+    flat = staticmethod(lambda a: np.ascontiguousarray(a).reshape(-1))   # a copy if strided
+    contiguous = staticmethod(lambda a: a.flags.c_contiguous)
+
+    @staticmethod
+    def copy(dst, src):
+        """dst[...] = src for arrays of one size (either may be the other one flattened)."""
+        if dst.flags.c_contiguous:
+            dst.reshape(src.shape)[...] = src
+        else:
+            dst[...] = src.reshape(dst.shape)
+
+
+class FusionBuffer:
+    """The plan, and its flat buffers allocated by ``family`` (NumPy's, or a device family's:
+    same plan, buffers on the GPU)."""
+
+    def __init__(self, threshold_bytes=DEFAULT_THRESHOLD_BYTES, family=NumpyArrays):
         self.threshold_bytes = check_threshold(threshold_bytes)
-        self._empty = empty
+        self.family = family
         self._plans = {}
         self._buffers = {}
 
@@ -59,7 +79,7 @@ class FusionBuffer:
             if len(b.entries) > 1:
                 cap = self._buffers.get(b.dtype)
                 if cap is None or cap.size < b.total:
-                    self._buffers[b.dtype] = self._empty((b.total,), b.dtype)
+                    self._buffers[b.dtype] = self.family.empty((b.total,), b.dtype)
         return buckets
 
     def allreduce(self, arrays, outs, reduce_flat):
@@ -67,32 +87,26 @@ class FusionBuffer:
 
         reduce_flat(flat): allreduce a contiguous 1-D array in place (scaling included).
         """
-        tl = current_timeline()
+        tl, fam = current_timeline(), self.family
         for index, bucket in enumerate(self.plan(arrays)):
             nbytes = bucket.total * bucket.dtype.itemsize
-            if len(bucket.entries) == 1:
+            if len(bucket.entries) == 1:                 # alone: reduced in its output
                 i = bucket.entries[0][0]
                 with tl.span("allreduce", cat="comm", bucket=index, bytes=nbytes):
-                    _reduce_direct(arrays[i], outs[i], reduce_flat)
+                    if outs[i] is not arrays[i]:
+                        fam.copy(outs[i], arrays[i])
+                    flat = fam.flat(outs[i])
+                    reduce_flat(flat)
+                    if not fam.contiguous(outs[i]):
+                        fam.copy(outs[i], flat)
                 continue
             flat = self._buffers[bucket.dtype][:bucket.total]  # (total,)
             with tl.span("pack", cat="comm", bucket=index):
                 for i, off, n in bucket.entries:
-                    flat[off:off + n].reshape(arrays[i].shape)[...] = arrays[i]
+                    fam.copy(flat[off:off + n], arrays[i])
             with tl.span("allreduce", cat="comm", bucket=index, bytes=nbytes):
                 reduce_flat(flat)
             with tl.span("unpack", cat="comm", bucket=index):
                 for i, off, n in bucket.entries:
-                    outs[i][...] = flat[off:off + n].reshape(outs[i].shape)
+                    fam.copy(outs[i], flat[off:off + n])
         return outs
-
-
-def _reduce_direct(x, out, reduce_flat):
-    if out is not x:
-        out[...] = x
-    if out.flags.c_contiguous:
-        reduce_flat(out.reshape(-1))
-    else:
-        tmp = np.ascontiguousarray(out)
-        reduce_flat(tmp.reshape(-1))
-        out[...] = tmp

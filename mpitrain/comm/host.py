@@ -7,11 +7,12 @@ or our ring); small ones ride inside the agreement itself and are reduced locall
 repeated one reuses the plan its first call left (_Plan). The other collectives call MPI's
 variable-count collectives on raw bytes, which is also why every dtype works with them.
 
-The Average of integer arrays is a float64 array (NumPy's ``mean``: [1, 2] -> 1.5), never a
-truncated integer; in place, where the result would have to be stored as integers, it is a
-ValueError on every rank. Explicit factors on integer arrays scale in float64 and truncate toward
-zero (NumPy unsafe casting), as Horovod's do. Device arrays never come here: collectives.py
-sends them to device.py.
+The Average of integer arrays is a float64 array (NumPy's ``mean``: [1, 2] -> 1.5, as in
+Horovod's TensorFlow API), never a truncated integer; in place, where the result would have to
+be stored as integers, it is a ValueError on every rank. Explicit factors on integer arrays
+scale in float64 and truncate toward zero (NumPy unsafe casting), as Horovod's do. Device arrays
+follow the same rules through the same code: ``allreduce_checked`` and ``grouped`` take an array
+family, HOST here, a CuPy or Numba one from device.py (which collectives.py sends them to).
 
 Every function acts on the World it is given as ``state`` (world.py): the global set's or a
 process set's (process_sets.py); collectives.py resolves ``process_set=`` to it, so nothing here
@@ -25,14 +26,30 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check
-from mpitrain.comm.engine import allreduce_flat, reduce_rows, scale
-from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, FusionBuffer, check_threshold
+from mpitrain.comm.engine import allreduce_flat, scale
+from mpitrain.comm.fusion import (DEFAULT_THRESHOLD_BYTES, FusionBuffer, NumpyArrays,
+                                  check_threshold)
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
                                integer_average, integer_average_error, reduce_args, reduce_kind)
 
 
 # --- allreduce ------------------------------------------------------------------------------------
+
+class HostArrays(NumpyArrays):
+    """NumPy arrays as an array family: fusion.py's, plus what ``allreduce_checked`` and
+    ``grouped`` need (device.py's families have the same attributes). ``fields``: what the
+    family adds to the agreed description; ``home(state)``: where its World keeps its fusion
+    buffer (``state.fusion`` here)."""
+
+    fields = {}
+    home = staticmethod(vars)
+    allreduce_flat = staticmethod(allreduce_flat)
+    as_float64 = staticmethod(lambda a: a.astype(np.float64, order="C"))    # NumPy's mean
+
+
+HOST = HostArrays
+
 
 def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``x`` across ranks; returns a new array (same shape and dtype) on every rank."""
@@ -41,11 +58,8 @@ def allreduce(state, x, op=Average, name=None, prescale_factor=1.0, postscale_fa
         if plan is not None:
             return plan.run(x, None)
     a, err = as_array(x, Kind.ALLREDUCE)
-    if a is not None and integer_average(a.dtype, op):
-        a = a.astype(np.float64)                # NumPy's mean: an integer mean is a float64
-    out = None if a is None else np.array(a, order="C", copy=True)
-    return _allreduce_checked(state, Kind.ALLREDUCE, a, out, err, op, name, prescale_factor,
-                              postscale_factor)
+    return allreduce_checked(state, HOST, Kind.ALLREDUCE, a, err, op, name, prescale_factor,
+                             postscale_factor)
 
 
 def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -56,44 +70,54 @@ def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_f
             if plan is not None:
                 return plan.run(x, x)
     a, err = as_array(x, Kind.ALLREDUCE_, in_place=True)
-    if a is not None and integer_average(a.dtype, op):
-        err = err or integer_average_error(Kind.ALLREDUCE_, a.dtype)
-    return _allreduce_checked(state, Kind.ALLREDUCE_, a, a, err, op, name, prescale_factor,
-                              postscale_factor)
+    return allreduce_checked(state, HOST, Kind.ALLREDUCE_, a, err, op, name, prescale_factor,
+                             postscale_factor)
 
 
-def _allreduce_checked(state, kind, a, out, err, op, name, prescale, postscale):
+def allreduce_checked(state, family, kind, a, err, op, name, prescale, postscale):
+    """The allreduce (``kind``: in place or not) of ``a``, this rank's argument as its family
+    checked it (None, or with ``err``, when unusable); returns the result. family: HOST, or a
+    device family (device.py); on the host alone a small array rides in the agreement, and the
+    call leaves a plan for the next identical one."""
+    in_place, out = kind is Kind.ALLREDUCE_, a
+    if a is not None and err is None:
+        if integer_average(a.dtype, op):
+            if in_place:
+                err = integer_average_error(kind, a.dtype)
+            else:
+                a = out = family.as_float64(a)              # a float64 mean (NumPy's)
+        elif not in_place:
+            out = family.empty(a.shape, a.dtype)                # C-contiguous
+            family.copy(out, a)
     op_arg, pre_arg, post_arg = op, prescale, postscale
     op, pre, post, fields, err2 = reduce_args(kind, op, prescale, postscale)
-    algo = state.settings.algorithm
-    fields.update(name=name, shape=None if a is None else a.shape,
-                  dtype=None if a is None else a.dtype.str, path=algo)
+    fields.update(name=name, shape=None if a is None else tuple(a.shape),
+                  dtype=None if a is None else np.dtype(a.dtype).str, **family.fields)
     error = err or err2
-    src = None if error else (out if out.flags.c_contiguous else np.ascontiguousarray(out))
-    flat = None if error else src.reshape(-1)                           # (size,)
-    # Small enough to ride in the check's own message: one MPI call in all (see check.py).
-    inline = (not error and algo == "auto" and pre == 1.0
-              and flat.nbytes <= check.INLINE_BYTES)
-    key = None if error else (Kind.ALLREDUCE, op.value, a.shape, a.dtype.char, name, pre, post,
-                              algo)
+    if family is HOST:
+        fields["path"] = state.settings.algorithm
     agreement = state.agreement
-    rows = agreement(Kind.ALLREDUCE, fields, error, flat.view(np.uint8) if inline else None, key)
-    if rows is not None:
-        reduce_rows(flat, rows, reduce_kind(op))
-        factor = post / rows.shape[0] if op is Average else post
-        if factor != 1.0:
-            scale(flat, factor)
-    else:
-        allreduce_flat(state, flat, op, pre, post)
+    if error or family is not HOST or not agreement.usable:
+        agreement(Kind.ALLREDUCE, fields, error)            # an error: raised on every rank
+        flat = family.flat(out)                             # (size,)
+        family.allreduce_flat(state, flat, op, pre, post)
+        if not family.contiguous(out):
+            family.copy(out, flat)
+        return out
+    # Checked on the host: the plan this call leaves for the next identical one does the work
+    # (same message, same bits); small enough, the data ride in the check's own message.
+    inline = fields["path"] == "auto" and pre == 1.0 and a.nbytes <= check.INLINE_BYTES
+    key = (Kind.ALLREDUCE, op.value, a.shape, a.dtype.char, name, pre, post, fields["path"])
+    plan = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
+    src = out if out.flags.c_contiguous else np.ascontiguousarray(out)
+    plan.run(src, src)
     if src is not out:
         out[...] = src
-    if agreement.usable and len(state.plans) < _MAX_PLANS:
-        plan_key = _plan_key(a, op_arg, name, pre_arg, post_arg)
+    if len(state.plans) < _MAX_PLANS:
         try:
-            hash(plan_key)
+            state.plans[_plan_key(a, op_arg, name, pre_arg, post_arg)] = plan
         except TypeError:                               # e.g. an unhashable name: no plan
-            return out
-        state.plans[plan_key] = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
+            pass
     return out
 
 
@@ -106,7 +130,7 @@ def _plan_key(x, op, name, prescale, postscale):
     """What must be equal for a call to repeat an earlier one (the arguments as given).
 
     The factors' types are part of it, so that e.g. True never passes for an accepted 1.0. The
-    settings are not: plans belong to the World, whose settings never change.
+    settings are not: plans belong to the World, and allreduce_flat reads its settings.
     """
     return (x.shape, x.dtype, op, name, prescale, prescale.__class__, postscale,
             postscale.__class__)
@@ -120,14 +144,14 @@ def _plan_for(state, x, op, name, prescale, postscale):
 
 
 class _Plan:
-    """An allreduce whose arguments were validated by an earlier identical call.
+    """An allreduce whose arguments were validated (by the first call with them).
 
-    The first call with given (shape, dtype, op, name, factors, path) takes the general path
-    above and leaves one of these behind; later identical calls skip argument handling and
-    description building: the agreement is prepared (check.Prepared: same fingerprint, same
-    message), and a small array is copied straight into the agreement's message and reduced
-    from the received rows in rank order. This is what brings the 4 KiB allreduce near MPI's
-    own latency (docs/benchmarks.md). Results are the same bits as the general path's.
+    The first call with given (shape, dtype, op, name, factors, path) validates them, builds
+    one of these, runs it and leaves it behind; later identical calls skip argument handling
+    and description building: the agreement is prepared (check.Prepared: same fingerprint,
+    same message as the Agreement's), and a small array is copied straight into the
+    agreement's message and reduced from the received rows in rank order. This is what brings
+    the 4 KiB allreduce near MPI's own latency (docs/benchmarks.md).
     """
     __slots__ = ("state", "agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor",
                  "scale")
@@ -185,28 +209,39 @@ def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0, po
 
 
 def _grouped(state, kind, xs, in_place, op, name, prescale, postscale, threshold=None):
-    xs = list(xs)
-    arrays, errors = zip(*[as_array(x, kind, in_place) for x in xs]) if xs else ((), ())
+    checked = [as_array(x, kind, in_place) for x in xs]
+    return grouped(state, HOST, kind, [a for a, _ in checked], [e for _, e in checked], in_place,
+                   op, name, prescale, postscale, threshold)
+
+
+def grouped(state, family, kind, arrays, errors, in_place, op, name, prescale, postscale,
+            threshold=None, error=None):
+    """The grouped allreduce of ``arrays`` of one family (HOST, or device.py's) through its fusion
+    buffer; errors[i]: why the caller found arrays[i] unusable, or None; ``error``: one more.
+    Integer means as in ``allreduce_checked``. Returns the outputs (in place: ``arrays``)."""
     arrays, errors = list(arrays), list(errors)
     for i, a in enumerate(arrays):
-        if a is not None and integer_average(a.dtype, op):
+        if a is not None and errors[i] is None and integer_average(a.dtype, op):
             if in_place:
-                errors[i] = errors[i] or integer_average_error(kind, a.dtype)
+                errors[i] = integer_average_error(kind, a.dtype)
             else:
-                arrays[i] = a.astype(np.float64)        # as allreduce: a float64 mean
+                arrays[i] = family.as_float64(a)        # as allreduce: a float64 mean
     op, pre, post, fields, err = reduce_args(kind, op, prescale, postscale)
     try:  # a bad threshold on one rank must reach the agreement, not leave the others waiting
         threshold, threshold_err = fusion_threshold(state, threshold), None
     except ValueError as exc:
         threshold, threshold_err = None, str(exc)
     fields.update(name=name, threshold_bytes=threshold,
-                  arrays=tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays))
-    state.agreement(Kind.GROUPED_ALLREDUCE, fields, first_error(err, threshold_err, *errors))
-    if state.fusion is None or state.fusion.threshold_bytes != threshold:
-        state.fusion = FusionBuffer(threshold)             # persistent: rebuilt on a new size
-    fusion = state.fusion
-    outs = list(arrays) if in_place else [np.empty(a.shape, a.dtype) for a in arrays]
-    fusion.allreduce(arrays, outs, lambda flat: allreduce_flat(state, flat, op, pre, post))
+                  arrays=tuple(None if a is None else (tuple(a.shape), np.dtype(a.dtype).str)
+                               for a in arrays), **family.fields)
+    state.agreement(Kind.GROUPED_ALLREDUCE, fields,
+                    first_error(err, threshold_err, error, *errors))
+    home = family.home(state)                  # the buffer persists, rebuilt on a new size
+    fusion = home.get("fusion")
+    if fusion is None or fusion.family is not family or fusion.threshold_bytes != threshold:
+        fusion = home["fusion"] = FusionBuffer(threshold, family)
+    outs = arrays if in_place else [family.empty(a.shape, a.dtype) for a in arrays]
+    fusion.allreduce(arrays, outs, lambda flat: family.allreduce_flat(state, flat, op, pre, post))
     return outs
 
 

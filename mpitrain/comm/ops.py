@@ -25,6 +25,8 @@ class ReduceOp(enum.Enum):
     def __repr__(self):
         return f"mt.{self.name.capitalize()}"
 
+    __hash__ = object.__hash__    # members are singletons: not Enum's slower hash (plan keys)
+
 
 Sum, Average, Min, Max, Product = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX,
                                    ReduceOp.PRODUCT)

@@ -43,15 +43,6 @@ from mpitrain.comm.kinds import Kind
 from mpitrain.kernels import cpu
 
 
-class _Bucket:
-    """A planned bucket (buckets.Bucket) in flight: its index in the plan and its buffer."""
-
-    def __init__(self, index, bucket, flat):
-        self.index = index
-        self.dtype, self.entries, self.total = bucket.dtype, bucket.entries, bucket.total
-        self.flat = flat         # persistent buffer, or None when reduced in place
-
-
 class BucketAllreduce:
     """Allreduce a fixed list of arrays in buckets, overlapping with the caller's compute.
 
@@ -82,12 +73,13 @@ class BucketAllreduce:
 
     # -- plan ------------------------------------------------------------------------------------
     def _plan(self):
+        """The plan's buckets (buckets.Bucket), each with its index in the plan and ``flat``, its
+        persistent buffer (total,), or None when it is reduced in place."""
         no_cast = [w == d for (_, d), w in zip(self.specs, self.wire)]
-        buckets = []
-        for index, b in enumerate(plan(self.specs, self.wire, self.threshold_bytes)):
+        buckets = plan(self.specs, self.wire, self.threshold_bytes)
+        for index, b in enumerate(buckets):
             inplace = len(b.entries) == 1 and no_cast[b.entries[0][0]]
-            flat = None if inplace else np.empty(b.total, b.dtype)             # (total,)
-            buckets.append(_Bucket(index, b, flat))
+            b.index, b.flat = index, None if inplace else np.empty(b.total, b.dtype)
         return buckets
 
     def _build(self):

@@ -34,11 +34,16 @@ def main():
     close(mt.allreduce(k.to_device(x), op=mt.Average, prescale_factor=2.0,
                        postscale_factor=0.5),
           mt.allreduce(x, op=mt.Average, prescale_factor=2.0, postscale_factor=0.5), "scaled")
-    # the Average of integers is a float64 mean, as on the host; in place it is refused
+    # the Average of integers is a float64 mean, as on the host, grouped or not; in place it is
+    # refused
     ints = np.full(4, rank + 1, np.int32)
     close(mt.allreduce(k.to_device(ints)), mt.allreduce(ints), "integer average")
+    mixed = [np.arange(3, dtype=np.int64) * (rank + 1), np.full(2, rank + 0.5, np.float32), ints]
+    for got, want in zip(mt.grouped_allreduce([k.to_device(a) for a in mixed]),
+                         mt.grouped_allreduce(mixed)):
+        close(got, want, "grouped integer average")
     for call in (lambda: mt.allreduce_(k.to_device(ints)),
-                 lambda: mt.grouped_allreduce([k.to_device(ints)])):
+                 lambda: mt.grouped_allreduce_([k.to_device(ints)])):
         try:
             call()
         except ValueError as exc:

@@ -142,7 +142,7 @@ def test_no_module_uses_another_modules_private_names():
 def test_the_comm_layer_has_the_documented_order():
     """Each comm module imports only modules listed before it (comm/__init__.py's order)."""
     order = ["abort", "watchdog", "settings", "kinds", "check", "handles", "world",
-             "process_sets", "build_info", "ops", "ring", "tree", "hierarchical", "buckets",
+             "process_sets", "build_info", "gpu", "ops", "ring", "tree", "hierarchical", "buckets",
              "fusion", "engine", "host", "overlap", "device", "collectives", "join", "tracing"]
     rank = {f"mpitrain.comm.{m}": i for i, m in enumerate(order)}
     assert set(rank) == {m for m in MODULES if m.startswith("mpitrain.comm.")}
