@@ -58,3 +58,9 @@ class Preempted(Exception):
                  f"continues from it)" if self.checkpoint_step is not None
                  else "no checkpoint was written (no --checkpoint-dir)")
         return f"preempted ({self.signal}) after step {self.step}; {where}"
+
+
+def one_line(exc):
+    """An exception's text on one line (its type's name when it has none), for the one-line
+    errors above."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -41,7 +41,7 @@ import numpy as np
 
 from mpitrain.runtime import atomic, env
 from mpitrain import comm
-from mpitrain.runtime.errors import CheckpointError
+from mpitrain.runtime.errors import CheckpointError, one_line
 from mpitrain.parallel.optimizer import DistributedOptimizer
 
 FORMAT = 1
@@ -112,14 +112,14 @@ def load(path):
         with open(path, "rb") as f:
             head = f.read(len(_ZIP))
     except OSError as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_one_line(exc)})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(exc)})") from None
     if head != _ZIP:    # np.load would take it for a pickle and advise allow_pickle=True
         raise CheckpointError(f"{path}: not a .npz checkpoint (no zip header)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {key: z[key] for key in z.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_one_line(exc)})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(exc)})") from None
     if "__meta__" not in arrays or "__checksum__" not in arrays:
         raise CheckpointError(f"{path}: not an mpitrain checkpoint (no __meta__/__checksum__)")
     stored = str(arrays.pop("__checksum__"))
@@ -196,7 +196,7 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
         except CheckpointError as exc:
             error = str(exc)
         except (OSError, TypeError, ValueError) as exc:
-            error = f"cannot write a checkpoint in {directory}: {_one_line(exc)}"
+            error = f"cannot write a checkpoint in {directory}: {one_line(exc)}"
     path, error = comm.broadcast_object((path, error), root_rank=0)
     if error is not None:
         raise CheckpointError(error)
@@ -226,7 +226,7 @@ def load_latest(directory, model, optimizer):
         except CheckpointError as exc:
             error = str(exc)
         except OSError as exc:
-            error = f"cannot read checkpoints in {directory}: {_one_line(exc)}"
+            error = f"cannot read checkpoints in {directory}: {one_line(exc)}"
     found, error = comm.broadcast_object((found, error), root_rank=0)
     if error is not None:
         raise CheckpointError(error)
@@ -240,7 +240,7 @@ def load_latest(directory, model, optimizer):
         what = "optimizer"
         inner.load_state_dict(optimizer_state)
     except (ValueError, TypeError, KeyError) as exc:
-        error = f"{path} does not fit this {what}: {_one_line(exc)}"
+        error = f"{path} does not fit this {what}: {one_line(exc)}"
     # every rank loads the same data, but a rank whose model differs must not raise alone
     _raise_on_every_rank(error, CheckpointError)
     return meta
@@ -271,7 +271,7 @@ def _plain_extra(extra):
     try:
         return json.loads(json.dumps(extra, default=scalar))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"checkpoint.save: extra {_one_line(exc)}") from None
+        raise ValueError(f"checkpoint.save: extra {one_line(exc)}") from None
 
 
 def _checksum(arrays):
@@ -310,7 +310,3 @@ def _unflatten(layout, arrays):
             return tuple(_unflatten(v, arrays) for v in layout["tuple"])
         return [_unflatten(v, arrays) for v in layout["list"]]
     return layout
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split()) or type(exc).__name__

@@ -15,15 +15,10 @@ import time
 import numpy as np
 
 from mpitrain import comm
-from mpitrain.runtime.errors import OutputError
+from mpitrain.runtime.errors import OutputError, one_line
 
 TIMING_WARMUP_STEPS = 5
 LOG_RECORDS_PER_EPOCH = 10
-
-
-def one_line(exc):
-    """An exception's text on one line (its type's name when it has none)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class Outputs:

@@ -23,11 +23,11 @@ from mpitrain.parallel.broadcast import broadcast_optimizer_state, broadcast_par
 from mpitrain.parallel.gradients import Compression
 from mpitrain.parallel.optimizer import DistributedOptimizer
 from mpitrain.runtime import env, threads
-from mpitrain.runtime.errors import DataError, Interrupted, UsageError
+from mpitrain.runtime.errors import DataError, Interrupted, UsageError, one_line
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.loop import Trainer
 from mpitrain.train.preempt import Signals
-from mpitrain.train.records import Outputs, one_line
+from mpitrain.train.records import Outputs
 
 TEST_FRACTION = 4  # --dataset synthetic: test set = synthetic_samples // 4
 DROP_WARNING = 0.05  # warn when more of the training set than this is never trained
