@@ -155,6 +155,41 @@ Optimizer updates (in place on param and state)
                                           momentum*buf + g/avg, param -= lr*buf; else param -=
                                           lr*g/avg (grad_avg, buf unused, may be None, when not
                                           centered / momentum == 0)
+    adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step)
+                                          PyTorch AdamW: param *= 1 - lr*wd (decoupled decay),
+                                          then adam_update with weight_decay 0
+Transformer layers (token rows: n = B*T rows of C channels; G = B*H attention groups)
+    embedding_forward(ids, weight, out)   ids (n,) int32/int64, weight (V, C): out (n, C) =
+                                          weight[ids] (overwrites)
+    embedding_backward(ids, grad_out, grad_weight)
+                                          grad_weight (V, C) += scatter-add of grad_out (n, C)
+                                          by ids, deterministic: each row's additions are made
+                                          in increasing n whatever the threads (no atomics)
+    layernorm_forward(x, weight, bias, y, mean, rstd, eps)
+                                          x, y (n, C); mean, rstd (n,) in x's dtype, saved
+                                          for the backward: y = (x - mean) * rstd * weight + bias,
+                                          rstd = 1/sqrt(var + eps), var the biased variance
+    layernorm_backward(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias,
+                       accumulate)        grad_x (n, C) overwritten; grad_weight, grad_bias (C,)
+                                          overwritten, or added to when accumulate; sums over
+                                          rows in a fixed order
+    gelu(x, out) / gelu_backward(x, grad_out, grad_in)
+                                          GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x +
+                                          0.044715 x^3))) and its exact derivative (elementwise)
+    to_heads(x, out)                      x (B, T, S, H, D) -> out (S, B, H, T, D): the fused
+                                          QKV rows (S = 3) to per-head q, k, v, or (S = 1) the
+                                          output gradient to per-head rows
+    from_heads(x, out)                    the inverse permutation: x (S, B, H, T, D) -> out
+                                          (B, T, S, H, D)
+    batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False)
+                                          out[g] (=|+=) op(a[g]) @ op(b[g]) for every g, all 3-D
+    causal_softmax(scores, probs, scale)  scores, probs (G, T, T) (may be one array): probs[g, i]
+                                          = softmax over j <= i of scale * scores[g, i, j], and
+                                          0 where j > i
+    causal_softmax_backward(probs, grad_probs, grad_scores, scale)
+                                          grad_scores = scale * probs * (grad_probs - sum_j
+                                          grad_probs * probs) per row, 0 where j > i (grad_probs
+                                          and grad_scores may be one array)
 Collective reductions (host ring and device buffers)
     reduce_into(dst, src, op)             dst = op(dst, src) elementwise, flat, op one of
                                           "sum", "min", "max", "prod"; any dtype of the API

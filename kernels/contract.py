@@ -69,6 +69,21 @@ KERNELS = {
                     "step"),
     "rmsprop_update": ("param", "grad", "square_avg", "grad_avg", "buf", "lr", "alpha", "eps",
                        "weight_decay", "momentum", "centered"),
+    # transformer layers (nn/transformer.py)
+    "embedding_forward": ("ids", "weight", "out"),
+    "embedding_backward": ("ids", "grad_out", "grad_weight"),
+    "layernorm_forward": ("x", "weight", "bias", "y", "mean", "rstd", "eps"),
+    "layernorm_backward": ("grad_y", "x", "mean", "rstd", "weight", "grad_x", "grad_weight",
+                           "grad_bias", "accumulate"),
+    "gelu": ("x", "out"),
+    "gelu_backward": ("x", "grad_out", "grad_in"),
+    "to_heads": ("x", "out"),
+    "from_heads": ("x", "out"),
+    "batched_gemm": ("a", "b", "out", "trans_a", "trans_b", "accumulate"),
+    "causal_softmax": ("scores", "probs", "scale"),
+    "causal_softmax_backward": ("probs", "grad_probs", "grad_scores", "scale"),
+    "adamw_update": ("param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay",
+                     "step"),
     # collective reductions
     "reduce_into": ("dst", "src", "op"),
 }

@@ -10,7 +10,9 @@ over samples, which never share an element. ``nogil=True`` everywhere: the gradi
 thread (comm/overlap.py) runs while they do.
 """
 from mpitrain.kernels import contract
-from mpitrain.kernels.cpu import arrays, columns, conv, dense, losses, norm, optim, pooling
+from mpitrain.kernels.cpu import (
+    arrays, columns, conv, dense, losses, norm, optim, pooling, transformer)
 
 name = "cpu"
-globals().update(contract.collect(arrays, dense, losses, columns, conv, pooling, norm, optim))
+globals().update(contract.collect(arrays, dense, losses, columns, conv, pooling, norm, optim,
+                                    transformer))

@@ -45,6 +45,28 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 
 
 @njit(cache=True, nogil=True)
+def _adamw(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    decay = 1.0 - lr * weight_decay                    # decoupled: param *= 1 - lr*wd first
+    step_size = lr / (1.0 - beta1 ** step)
+    inv_sqrt_c2 = 1.0 / np.sqrt(1.0 - beta2 ** step)
+    for i in range(param.size):
+        g = grad[i]
+        mi = beta1 * m[i] + (1.0 - beta1) * g
+        vi = beta2 * v[i] + (1.0 - beta2) * g * g
+        m[i] = mi
+        v[i] = vi
+        param[i] = param[i] * decay - step_size * mi / (np.sqrt(vi) * inv_sqrt_c2 + eps)
+
+
+def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    if step < 1:
+        raise ValueError(f"adamw_update: step is 1-based, got {step!r}")
+    sizes_match(param, grad, m, v)
+    _adamw(flat(param, "param"), flat(grad, "grad"), flat(m, "m"), flat(v, "v"), float(lr),
+           float(beta1), float(beta2), float(eps), float(weight_decay), int(step))
+
+
+@njit(cache=True, nogil=True)
 def _rmsprop(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay, momentum,
              centered):
     for i in range(param.size):

@@ -10,7 +10,9 @@ stays in float32 (PyTorch's choice; the CPU backend computes its scalars in floa
 tolerances). Without CuPy or a CUDA device, importing it raises ImportError (arrays.py).
 """
 from mpitrain.kernels import contract
-from mpitrain.kernels.cuda_cupy import arrays, conv, dense, losses, norm, optim, pooling
+from mpitrain.kernels.cuda_cupy import (
+    arrays, conv, dense, losses, norm, optim, pooling, transformer)
 
 name = "cuda-cupy"
-globals().update(contract.collect(arrays, dense, losses, conv, pooling, norm, optim))
+globals().update(contract.collect(arrays, dense, losses, conv, pooling, norm, optim,
+                                    transformer))

@@ -26,6 +26,16 @@ _adam = cp.ElementwiseKernel(
     v = vi;
     param = param - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps);
     """, "mpitrain_adam")
+_adamw = cp.ElementwiseKernel(
+    "T grad, T step_size, T beta1, T beta2, T eps, T decay, T inv_sqrt_bc2", "T param, T m, T v",
+    """
+    T mi = beta1 * m + ((T)1 - beta1) * grad;
+    T vi = beta2 * v + ((T)1 - beta2) * grad * grad;
+    m = mi;
+    v = vi;
+    T p = param * decay;
+    param = p - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps);
+    """, "mpitrain_adamw")
 
 
 def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
@@ -129,6 +139,17 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     s = lambda value: scalar(param, value)  # noqa: E731
     _adam(grad, s(lr / (1.0 - beta1 ** step)), s(beta1), s(beta2), s(eps), s(weight_decay),
           s(1.0 / np.sqrt(1.0 - beta2 ** step)), param, m, v)
+
+
+def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    if step < 1:
+        raise ValueError(f"adamw_update: step is 1-based, got {step!r}")
+    param, grad, m, v = flat(param), flat(grad), flat(m), flat(v)
+    checks.same_size("adamw_update", param, grad, m, v)
+    # PyTorch AdamW: param *= 1 - lr*wd, then Adam's update (no decay in the gradient)
+    s = lambda value: scalar(param, value)  # noqa: E731
+    _adamw(grad, s(lr / (1.0 - beta1 ** step)), s(beta1), s(beta2), s(eps),
+           s(1.0 - lr * weight_decay), s(1.0 / np.sqrt(1.0 - beta2 ** step)), param, m, v)
 
 
 # grad_avg and buf are raw (indexed by i, never touched when unused), so the param may stand in

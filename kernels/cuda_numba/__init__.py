@@ -13,7 +13,9 @@ below as there; launch shapes and disk caching: arrays.py. Reductions (``total``
 its part in shared memory into float64 partials, which are then added in block order.
 """
 from mpitrain.kernels import contract
-from mpitrain.kernels.cuda_numba import arrays, conv, dense, losses, norm, optim, pooling
+from mpitrain.kernels.cuda_numba import (
+    arrays, conv, dense, losses, norm, optim, pooling, transformer)
 
 name = "cuda-numba"
-globals().update(contract.collect(arrays, dense, losses, conv, pooling, norm, optim))
+globals().update(contract.collect(arrays, dense, losses, conv, pooling, norm, optim,
+                                    transformer))

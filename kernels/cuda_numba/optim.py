@@ -54,6 +54,32 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
 
 
 @half_safe
+def _adamw_k(param, grad, m, v, step_size, beta1, beta2, eps, decay, inv_sqrt_bc2):
+    one = param.dtype.type(1)
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        g = grad[i]
+        mi = beta1 * m[i] + (one - beta1) * g
+        vi = beta2 * v[i] + (one - beta2) * g * g
+        m[i] = mi
+        v[i] = vi
+        p = param[i] * decay
+        param[i] = p - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
+
+
+def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    param, grad, m, v = flat(param), flat(grad), flat(m), flat(v)
+    checks.same_size("adamw_update", param, grad, m, v)
+    if step < 1:
+        raise ValueError(f"adamw_update: step is 1-based, got {step}")
+    if param.size:
+        # PyTorch AdamW: param *= 1 - lr*wd, then Adam's update (no decay in the gradient)
+        s = lambda x: scalar(param, x)  # noqa: E731
+        _adamw_k.pick(param, grad, m, v)[grid(param.size)](
+            param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1), s(beta2), s(eps),
+            s(1 - lr * weight_decay), s(1 / math.sqrt(1 - beta2 ** step)))
+
+
+@half_safe
 def _rmsprop_k(param, grad, square_avg, grad_avg, buf, lr, alpha, eps, weight_decay, momentum,
                centered, one):
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):

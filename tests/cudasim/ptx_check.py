@@ -4,9 +4,9 @@ The simulator runs kernels as Python, so it never type-checks them the way the C
 (shared-array shapes must be compile-time constants, some builtins need a device, ...). NVVM
 itself needs no GPU, only libnvvm + libdevice (a CUDA toolkit, or the pip wheel
 nvidia-cuda-nvcc-cu12; point CUDA_HOME at it). This script drives every kernel case of
-tests/support/kernel_cases.py through the real module with NumPy stand-ins for device arrays;
-each launch, instead of running, compiles the kernel for the launch's argument types with
-``numba.cuda.compile_ptx`` (sm_80). Run with NUMBA_ENABLE_CUDASIM unset:
+tests/support/kernel_cases.py and transformer_cases.py through the real module with NumPy
+stand-ins for device arrays; each launch, instead of running, compiles the kernel for the
+launch's argument types with ``numba.cuda.compile_ptx`` (sm_80). Run with NUMBA_ENABLE_CUDASIM unset:
 
     CUDA_HOME=.../nvidia/cuda_nvcc python -m tests.cudasim.ptx_check    (from the repository root)
 
@@ -41,13 +41,16 @@ CC = (8, 0)
 
 # Kernels that compute in float64 on purpose, whatever the data's dtype: sums and dot products
 # accumulated in float64 (total, count_correct, BatchNorm statistics, softmax, the pools' window
-# sums) and the per-row losses, which follow the CPU kernels' float64.
+# sums, LayerNorm's and the causal softmax's row sums) and the per-row losses, which follow the
+# CPU kernels' float64.
 FLOAT64_BY_DESIGN = frozenset({
     "_total_k", "_count_correct_k",
     "_bn_stats_k", "_bn_backward_stats_k", "_bn_moments_k", "_bn_eval_moments_k",
     "_bn_input_coeffs_k", "_bn_param_grads_k",
     "_softmax_k", "_softmax_backward_k", "_softmax_xent_k", "_label_smoothing_k",
     "_avgpool_forward_k", "_avgpool_backward_k", "_global_avgpool_forward_k",
+    "_layernorm_forward_k", "_layernorm_backward_x_k", "_layernorm_param_chunks_k",
+    "_layernorm_param_sum_k", "_causal_softmax_k", "_causal_softmax_backward_k",
 })
 _F64_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*\.f64)\b", re.M)   # add.f64, cvt.rn.f32.f64
 
@@ -131,9 +134,9 @@ def main(argv=()):
               "nvidia-cuda-nvcc-cu12 wheel's nvidia/cuda_nvcc folder)")
         return 2
     mod = load_module()
-    from tests.support.kernel_cases import _cases
+    from tests.support import kernel_cases, transformer_cases
     failed = 0
-    for cid, name, build, _ in _cases():
+    for cid, name, build, _ in [*kernel_cases._cases(), *transformer_cases._cases()]:
         args = [np.array(a).view(HostDev) if isinstance(a, np.ndarray) else a
                 for a in build(np.random.default_rng(0))]
         try:

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from tests.support import transformer_cases
 from tests.support.kernel_cases import CASES, KERNEL_NAMES, run_case
 
 pytestmark = pytest.mark.gpu
@@ -10,6 +11,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("name, build, tol", CASES)
 def test_kernel_matches_cpu(cpu, gpu, name, build, tol):
     run_case(cpu, gpu, name, build, tol)
+
+
+@pytest.mark.parametrize("name, build, tol", transformer_cases.CASES)
+def test_transformer_kernel_matches_cpu(cpu, gpu, name, build, tol):
+    transformer_cases.run_case(cpu, gpu, name, build, tol)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

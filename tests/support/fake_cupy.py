@@ -15,6 +15,9 @@ them over NumPy arrays with CuPy's calling rules as we rely on them:
 - ReductionKernel (one output, no raw parameters): every output element folds its reduced
   elements in index order (see the class).
 - ``atomicAdd`` is a plain add (threads run one at a time).
+- A RawKernel whose source calls ``__syncthreads`` runs the threads of each block at the same
+  time instead, as host threads meeting at a barrier, one block after the other; its
+  ``__shared__`` variables are statics, which every thread of the running block shares.
 The array functions (empty, matmul, copyto, add, ...) are NumPy's. What this proves: the kernels'
 index arithmetic, types and semantics match the CPU backend. What it cannot: anything about CuPy
 itself (broadcasting corner cases, cuBLAS, streams) or the GPU -- tests/gpu does that.
@@ -27,6 +30,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import types
 
 import numpy as np
@@ -215,18 +219,45 @@ class ReductionKernel:
         return out
 
 
-class RawKernel:
-    def __init__(self, code, name, **_):
-        self.name = name
-        DEVICE_SOURCES.setdefault(code, code.replace(name, "run"))
-        self.lib = _compile(_PRELUDE + r"""
+_SERIAL_BLOCKS = r"""
 struct mpitrain_dim3 { unsigned int x, y, z; };
 static mpitrain_dim3 blockIdx, blockDim, threadIdx, gridDim;
 extern "C" void mpitrain_set(unsigned int* v) {
     blockIdx = {v[0], v[1], v[2]}; threadIdx = {v[3], v[4], v[5]};
     gridDim = {v[6], v[7], v[8]}; blockDim = {v[9], v[10], v[11]};
 }
-""" + code)
+"""
+# Kernels with __syncthreads: a block's threads are host threads (ctypes releases the GIL) that
+# meet at a barrier; threadIdx is per thread, the rest per block (blocks run one at a time).
+_THREADED_BLOCKS = r"""
+#include <pthread.h>
+#define __shared__ static
+struct mpitrain_dim3 { unsigned int x, y, z; };
+static mpitrain_dim3 blockIdx, blockDim, gridDim;
+static thread_local mpitrain_dim3 threadIdx;
+static pthread_barrier_t mpitrain_barrier;
+static bool mpitrain_barrier_made = false;
+static inline void __syncthreads() { pthread_barrier_wait(&mpitrain_barrier); }
+extern "C" void mpitrain_set(unsigned int* v) {
+    blockIdx = {v[0], v[1], v[2]};
+    gridDim = {v[6], v[7], v[8]}; blockDim = {v[9], v[10], v[11]};
+    if (mpitrain_barrier_made) pthread_barrier_destroy(&mpitrain_barrier);
+    pthread_barrier_init(&mpitrain_barrier, nullptr, blockDim.x * blockDim.y * blockDim.z);
+    mpitrain_barrier_made = true;
+}
+extern "C" void mpitrain_set_thread(unsigned int x, unsigned int y, unsigned int z) {
+    threadIdx = {x, y, z};
+}
+"""
+
+
+class RawKernel:
+    def __init__(self, code, name, **_):
+        self.name = name
+        self.threaded = "__syncthreads" in code
+        DEVICE_SOURCES.setdefault(code, code.replace(name, "run"))
+        self.lib = _compile(_PRELUDE + (_THREADED_BLOCKS if self.threaded else _SERIAL_BLOCKS)
+                            + code)
 
     def __call__(self, grid, block, args):
         cargs = []
@@ -240,10 +271,27 @@ extern "C" void mpitrain_set(unsigned int* v) {
         dims = (ctypes.c_uint * 12)()
         dims[6:12] = grid + block
         for b in np.ndindex(*grid[::-1]):             # (z, y, x): blocks in CUDA's order
+            if self.threaded:
+                dims[0:3] = b[::-1]
+                self.lib.mpitrain_set(dims)
+                self._run_block(fn, cargs, block)
+                continue
             for t in np.ndindex(*block[::-1]):
                 dims[0:6] = b[::-1] + t[::-1]
                 self.lib.mpitrain_set(dims)
                 fn(*cargs)
+
+    def _run_block(self, fn, cargs, block):
+        """Every thread of one block at once (the kernel's barriers need them all)."""
+        def thread(t):
+            self.lib.mpitrain_set_thread(*(ctypes.c_uint(v) for v in t))
+            fn(*cargs)
+        threads = [threading.Thread(target=thread, args=(t[::-1],))
+                   for t in np.ndindex(*block[::-1])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 class _Stream:

@@ -156,6 +156,12 @@ def _cases():
                   lambda g, step=step, wd=wd: [_r(g, 70), _r(g, 70), _r(g, 70) * 0.1,
                                                np.abs(_r(g, 70)) * 0.01, 1e-3, 0.9, 0.999,
                                                1e-8, wd, step], dict(rtol=1e-5, atol=1e-6)))
+    for step, lr, wd in ((1, 1e-3, 0.0), (4, 3e-3, 0.1)):
+        c.append((f"adamw_update-step{step}-wd{wd}", "adamw_update",
+                  lambda g, step=step, lr=lr, wd=wd: [_r(g, 70), _r(g, 70), _r(g, 70) * 0.1,
+                                                      np.abs(_r(g, 70)) * 0.01, lr, 0.9, 0.999,
+                                                      1e-8, wd, step],
+                  dict(rtol=1e-5, atol=1e-6)))
     for op in ("sum", "min", "max", "prod"):
         for dt in (np.float32, np.float64, np.int32, np.int64):
             def red(g, op=op, dt=dt):

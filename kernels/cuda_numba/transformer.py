@@ -1,0 +1,608 @@
+"""The Numba flavour's transformer kernels (the contract: kernels/__init__.py, "Transformer
+layers"): embeddings, LayerNorm, GELU, the head layout changes, a batched tiled GEMM and the fused
+causal softmax, all ``numba.cuda`` kernels (so they run under the simulator too).
+
+Row kernels (LayerNorm, causal softmax) give one block of _ROW threads to a row: the threads
+stride through the row (coalesced) and combine their float64 partials in a shared-memory tree, so
+every sum has a fixed order. The embedding gradient gathers instead of scattering: the block of a
+token that is the first with its id walks the ids in order and adds every matching row of
+grad_out (no atomics: the same bits every run, in the contract's order). LayerNorm's weight and
+bias gradients: partial sums over chunks of _LN_CHUNK rows, then each column adds its chunks in
+order. The batched GEMM is the tiled, register-blocked GEMM of dense.py with a second grid axis
+over the groups (no K split: attention's products have many tiles). No ids are checked on the
+device (that would synchronise with the host): an id outside [0, V) gives a row of NaN in the
+forward and is skipped by the gradient, and reads nothing out of bounds.
+"""
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float64, from_dtype
+
+from mpitrain.kernels.cuda_numba.arrays import SIM, dev, grid, launch, scratch
+
+_ROW = 8 if SIM else 128            # threads per block of the row kernels (a power of two)
+_ROW_BLOCKS = 2 if SIM else 2**31 - 1
+_LN_CHUNK = 4 if SIM else 64        # rows per partial sum of LayerNorm's weight/bias gradients
+_TILE = 4 if SIM else 16            # batched GEMM threads per block edge (_TILE**2 threads)
+_MICRO = 2 if SIM else 4            # batched GEMM outputs per thread edge
+_GEMM_BLOCKS = 2 if SIM else 2**31 - 1      # grid x (tiles); the kernel loops over the rest
+_GROUP_BLOCKS = 2 if SIM else 65535         # grid y (groups)
+_NEG_MAX = -1.7976931348623157e308  # the float64 maximum's neutral value (a thread without keys)
+
+
+# --- Checks (one-line ValueErrors naming the bad value) -----------------------------------------
+
+def _contiguous(kind, name, a):
+    a = dev(a)
+    if not a.is_c_contiguous():
+        raise ValueError(f"{kind}: {name} must be C-contiguous, got strides {a.strides}")
+    return a
+
+
+def _rows(kind, name, a):
+    """(n, C) view of a C-contiguous (..., C) device array."""
+    a = _contiguous(kind, name, a)
+    if a.ndim < 1:
+        raise ValueError(f"{kind}: {name} must have a last axis of channels, got a 0-d array")
+    c = a.shape[a.ndim - 1]
+    return a.reshape(a.size // c if c else 0, c)
+
+
+def _floats(kind, ref, **arrays):
+    """``ref`` is float32 or float64 and every array of ``arrays`` has its dtype."""
+    if ref.dtype.char not in "fd":
+        raise ValueError(f"{kind}: expected float32 or float64 arrays, got {ref.dtype}")
+    for name, a in arrays.items():
+        if a.dtype != ref.dtype:
+            raise ValueError(f"{kind}: {name} is {a.dtype}, expected {ref.dtype}")
+
+
+def _shape(kind, name, a, want):
+    if tuple(a.shape) != tuple(want):
+        raise ValueError(f"{kind}: {name} {tuple(a.shape)} != {tuple(want)}")
+
+
+def _flat(kind, name, a):
+    a = _contiguous(kind, name, a)
+    return a if a.ndim == 1 else a.reshape(a.size)
+
+
+# --- Block reductions (device functions stay in their kernels' module: see arrays.py) -----------
+
+@cuda.jit(device=True)
+def _row_sum(v):
+    """The sum of one float64 per thread of the block, for every thread (all must call)."""
+    buf = cuda.shared.array(_ROW, float64)
+    tid = cuda.threadIdx.x
+    buf[tid] = v
+    cuda.syncthreads()
+    half = _ROW // 2
+    while half > 0:
+        if tid < half:
+            buf[tid] += buf[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    total = buf[0]
+    cuda.syncthreads()              # buf is reused by the next reduction
+    return total
+
+
+@cuda.jit(device=True)
+def _row_max(v):
+    """The maximum of one float64 per thread of the block, for every thread (all must call)."""
+    buf = cuda.shared.array(_ROW, float64)
+    tid = cuda.threadIdx.x
+    buf[tid] = v
+    cuda.syncthreads()
+    half = _ROW // 2
+    while half > 0:
+        if tid < half and buf[tid + half] > buf[tid]:
+            buf[tid] = buf[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    top = buf[0]
+    cuda.syncthreads()
+    return top
+
+
+def _row_launch(kernel, rows, *args):
+    if rows:
+        kernel[min(rows, _ROW_BLOCKS), _ROW](*args)
+
+
+# --- Embeddings ---------------------------------------------------------------------------------
+
+@cuda.jit(cache=True)
+def _embedding_forward_k(ids, weight, out, nan):
+    # gather over out (n, C); an id outside [0, V) gives a row of NaN (no out-of-bounds read)
+    n, c_n = out.shape
+    v_n = weight.shape[0]
+    for i in range(cuda.grid(1), n * c_n, cuda.gridsize(1)):
+        r = i // c_n
+        c = i - r * c_n
+        tok = ids[r]
+        if tok >= 0 and tok < v_n:
+            out[r, c] = weight[tok, c]
+        else:
+            out[r, c] = nan
+
+
+@cuda.jit(cache=True)
+def _embedding_backward_k(ids, grad_out, grad_weight):
+    # grid (column blocks, tokens): token k's blocks do nothing unless k is the first token with
+    # its id; then they add grad_out[j, c] of every token j >= k with that id to
+    # grad_weight[id, c] in increasing j (ids outside [0, V) are skipped)
+    n, c_n = grad_out.shape
+    v_n = grad_weight.shape[0]
+    for k in range(cuda.blockIdx.y, n, cuda.gridDim.y):
+        tok = ids[k]
+        if tok < 0 or tok >= v_n:
+            continue
+        first = True
+        for j in range(k):
+            if ids[j] == tok:
+                first = False
+                break
+        if not first:
+            continue
+        for c in range(cuda.grid(1), c_n, cuda.gridsize(1)):
+            acc = grad_weight[tok, c]
+            for j in range(k, n):
+                if ids[j] == tok:
+                    acc += grad_out[j, c]
+            grad_weight[tok, c] = acc
+
+
+def _embedding_args(kind, ids, weight, rows_name, rows):
+    """Flat ids (n,), weight (V, C) and the (n, C) view of the token rows."""
+    ids, weight = _flat(kind, "ids", ids), _contiguous(kind, "weight", weight)
+    rows = _rows(kind, rows_name, rows)
+    _floats(kind, weight, **{rows_name: rows})
+    if weight.ndim != 2:
+        raise ValueError(f"{kind}: weight must be (V, C), got shape {tuple(weight.shape)}")
+    if tuple(rows.shape) != (ids.size, weight.shape[1]):
+        raise ValueError(f"{kind}: ids of {ids.size} tokens and weight {tuple(weight.shape)} "
+                         f"need rows of shape {(ids.size, weight.shape[1])}, got "
+                         f"{tuple(rows.shape)}")
+    if ids.dtype not in (np.int32, np.int64):
+        raise ValueError(f"{kind}: ids must be int32 or int64, got dtype {ids.dtype}")
+    return ids, weight, rows
+
+
+def embedding_forward(ids, weight, out):
+    ids, weight, out = _embedding_args("embedding_forward", ids, weight, "out", out)
+    launch(_embedding_forward_k, out.size, ids, weight, out, out.dtype.type(np.nan))
+
+
+def embedding_backward(ids, grad_out, grad_weight):
+    ids, grad_weight, grad_out = _embedding_args("embedding_backward", ids, grad_weight,
+                                                 "grad_out", grad_out)
+    n, c = grad_out.shape
+    if n * c:
+        threads = 32 if SIM else min(128, 32 * ((c + 31) // 32))
+        col_blocks = 1 if SIM else (c + threads - 1) // threads
+        _embedding_backward_k[(col_blocks, min(n, _GROUP_BLOCKS)), threads](
+            ids, grad_out, grad_weight)
+
+
+# --- LayerNorm ----------------------------------------------------------------------------------
+
+@cuda.jit(cache=True)
+def _layernorm_forward_k(x, weight, bias, y, mean, rstd, eps):
+    # one block per row of x (n, C): the mean, then the biased variance around it (float64);
+    # y in x's dtype from the mean and rstd rounded to it
+    rows, c_n = x.shape
+    tid = cuda.threadIdx.x
+    for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+        s = float64(0.0)
+        for c in range(tid, c_n, _ROW):
+            s += float64(x[r, c])
+        m = _row_sum(s) / c_n
+        s = float64(0.0)
+        for c in range(tid, c_n, _ROW):
+            d = float64(x[r, c]) - m
+            s += d * d
+        rs = 1.0 / math.sqrt(_row_sum(s) / c_n + eps)
+        if tid == 0:
+            mean[r] = m
+            rstd[r] = rs
+        mt = x.dtype.type(m)
+        rt = x.dtype.type(rs)
+        for c in range(tid, c_n, _ROW):
+            y[r, c] = (x[r, c] - mt) * rt * weight[c] + bias[c]
+
+
+@cuda.jit(cache=True)
+def _layernorm_backward_x_k(grad_y, x, mean, rstd, weight, grad_x):
+    # one block per row: with xhat = (x - mean) * rstd and dxhat = grad_y * weight,
+    # grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), the means in float64
+    rows, c_n = x.shape
+    tid = cuda.threadIdx.x
+    for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+        m = x.dtype.type(mean[r])
+        rs = x.dtype.type(rstd[r])
+        s0 = float64(0.0)
+        s1 = float64(0.0)
+        for c in range(tid, c_n, _ROW):
+            d = float64(grad_y[r, c] * weight[c])
+            s0 += d
+            s1 += d * float64((x[r, c] - m) * rs)
+        a = x.dtype.type(_row_sum(s0) / c_n)
+        b = x.dtype.type(_row_sum(s1) / c_n)
+        for c in range(tid, c_n, _ROW):
+            xhat = (x[r, c] - m) * rs
+            grad_x[r, c] = rs * (grad_y[r, c] * weight[c] - a - xhat * b)
+
+
+@cuda.jit(cache=True)
+def _layernorm_param_chunks_k(grad_y, x, mean, rstd, part, chunk):
+    # part (2, chunks, C): per (chunk of rows, column) the sums of grad_y * xhat and of grad_y
+    # in row order (neighbouring threads: neighbouring columns)
+    rows, c_n = x.shape
+    chunks = part.shape[1]
+    for i in range(cuda.grid(1), chunks * c_n, cuda.gridsize(1)):
+        k = i // c_n
+        c = i - k * c_n
+        end = (k + 1) * chunk
+        if end > rows:              # not min(): see norm.py
+            end = rows
+        sw = float64(0.0)
+        sb = float64(0.0)
+        for r in range(k * chunk, end):
+            g = grad_y[r, c]
+            sw += float64(g * ((x[r, c] - x.dtype.type(mean[r])) * x.dtype.type(rstd[r])))
+            sb += float64(g)
+        part[0, k, c] = sw
+        part[1, k, c] = sb
+
+
+@cuda.jit(cache=True)
+def _layernorm_param_sum_k(part, grad_weight, grad_bias, accumulate):
+    # grad_weight, grad_bias (C,) (=|+=) the chunk sums, added in chunk order
+    chunks = part.shape[1]
+    for c in range(cuda.grid(1), grad_weight.size, cuda.gridsize(1)):
+        sw = float64(0.0)
+        sb = float64(0.0)
+        for k in range(chunks):
+            sw += part[0, k, c]
+            sb += part[1, k, c]
+        if accumulate:
+            sw += float64(grad_weight[c])
+            sb += float64(grad_bias[c])
+        grad_weight[c] = sw
+        grad_bias[c] = sb
+
+
+def _layernorm_stats(kind, x, mean, rstd):
+    """Flat views of mean and rstd: one value per row of x, float32 or float64 alike."""
+    mean, rstd = _flat(kind, "mean", mean), _flat(kind, "rstd", rstd)
+    for name, a in (("mean", mean), ("rstd", rstd)):
+        if a.size != x.shape[0]:
+            raise ValueError(f"{kind}: {name} must have {x.shape[0]} elements, got {a.size}")
+    if mean.dtype.char not in "fd" or rstd.dtype != mean.dtype:
+        raise ValueError(f"{kind}: mean and rstd must be float32 or float64 alike, got "
+                         f"{mean.dtype} and {rstd.dtype}")
+    return mean, rstd
+
+
+def _vectors(kind, c, **arrays):
+    out = [_flat(kind, name, a) for name, a in arrays.items()]
+    for name, a in zip(arrays, out):
+        _shape(kind, name, a, (c,))
+    return out
+
+
+def layernorm_forward(x, weight, bias, y, mean, rstd, eps):
+    kind = "layernorm_forward"
+    x, y = _rows(kind, "x", x), _rows(kind, "y", y)                 # (n, C)
+    n, c = x.shape
+    weight, bias = _vectors(kind, c, weight=weight, bias=bias)
+    _floats(kind, x, weight=weight, bias=bias, y=y)
+    _shape(kind, "y", y, x.shape)
+    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    if c:
+        _row_launch(_layernorm_forward_k, n, x, weight, bias, y, mean, rstd, float(eps))
+
+
+def layernorm_backward(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias,
+                       accumulate):
+    kind = "layernorm_backward"
+    x, grad_y = _rows(kind, "x", x), _rows(kind, "grad_y", grad_y)  # (n, C)
+    grad_x = _rows(kind, "grad_x", grad_x)
+    n, c = x.shape
+    weight, grad_weight, grad_bias = _vectors(kind, c, weight=weight, grad_weight=grad_weight,
+                                              grad_bias=grad_bias)
+    _floats(kind, x, grad_y=grad_y, weight=weight, grad_x=grad_x, grad_weight=grad_weight,
+            grad_bias=grad_bias)
+    _shape(kind, "grad_y", grad_y, x.shape)
+    _shape(kind, "grad_x", grad_x, x.shape)
+    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    if not c:
+        return
+    _row_launch(_layernorm_backward_x_k, n, grad_y, x, mean, rstd, weight, grad_x)
+    chunks = max(1, -(-n // _LN_CHUNK))
+    part = scratch((2, chunks, c))
+    _layernorm_param_chunks_k[grid(chunks * c)](grad_y, x, mean, rstd, part, _LN_CHUNK)
+    _layernorm_param_sum_k[grid(c)](part, grad_weight, grad_bias, bool(accumulate))
+
+
+# --- GELU ---------------------------------------------------------------------------------------
+# GPT-2's tanh form, u = sqrt(2/pi) (x + 0.044715 x^3), t = tanh(u): gelu = 0.5 x (1 + t),
+# d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2); the constants come
+# in x's dtype, so float32 work stays in float32.
+
+_GELU_K0 = math.sqrt(2.0 / math.pi)
+_GELU_K1 = 0.044715
+
+
+@cuda.jit(cache=True)
+def _gelu_k(x, out, half, one, k0, k1):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        out[i] = half * v * (one + math.tanh(k0 * (v + k1 * v * v * v)))
+
+
+@cuda.jit(cache=True)
+def _gelu_backward_k(x, grad_out, grad_in, half, one, k0, k1, k3):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        t = math.tanh(k0 * (v + k1 * v * v * v))
+        grad_in[i] = grad_out[i] * (half * (one + t)
+                                    + half * v * (one - t * t) * k0 * (one + k3 * v * v))
+
+
+def _same_floats(kind, **arrays):
+    """Flat views of same-sized arrays of one float dtype."""
+    names = list(arrays)
+    views = [_flat(kind, name, a) for name, a in arrays.items()]
+    _floats(kind, views[0], **dict(zip(names[1:], views[1:])))
+    for name, v in zip(names[1:], views[1:]):
+        if v.size != views[0].size:
+            raise ValueError(f"{kind}: {name} has {v.size} elements, {names[0]} {views[0].size}")
+    return views
+
+
+def gelu(x, out):
+    x, out = _same_floats("gelu", x=x, out=out)
+    t = x.dtype.type
+    launch(_gelu_k, x.size, x, out, t(0.5), t(1), t(_GELU_K0), t(_GELU_K1))
+
+
+def gelu_backward(x, grad_out, grad_in):
+    x, grad_out, grad_in = _same_floats("gelu_backward", x=x, grad_out=grad_out,
+                                        grad_in=grad_in)
+    t = x.dtype.type
+    launch(_gelu_backward_k, x.size, x, grad_out, grad_in, t(0.5), t(1), t(_GELU_K0),
+           t(_GELU_K1), t(3 * _GELU_K1))
+
+
+# --- Head layouts -------------------------------------------------------------------------------
+
+@cuda.jit(cache=True)
+def _to_heads_k(x, out, b_n, t_n, s_n, h_n, d_n):
+    # gather over out (S, B, H, T, D) from x (B, T, S, H, D), both flat
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        d = i % d_n
+        t = (i // d_n) % t_n
+        h = (i // (d_n * t_n)) % h_n
+        b = (i // (d_n * t_n * h_n)) % b_n
+        s = i // (d_n * t_n * h_n * b_n)
+        out[i] = x[(((b * t_n + t) * s_n + s) * h_n + h) * d_n + d]
+
+
+@cuda.jit(cache=True)
+def _from_heads_k(x, out, b_n, t_n, s_n, h_n, d_n):
+    # gather over out (B, T, S, H, D) from x (S, B, H, T, D), both flat
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        d = i % d_n
+        h = (i // d_n) % h_n
+        s = (i // (d_n * h_n)) % s_n
+        t = (i // (d_n * h_n * s_n)) % t_n
+        b = i // (d_n * h_n * s_n * t_n)
+        out[i] = x[(((s * b_n + b) * h_n + h) * t_n + t) * d_n + d]
+
+
+def _heads(kind, x, out, rows_side):
+    """Flat x and out and (B, T, S, H, D) of a head layout change; ``rows_side`` names which of
+    x / out is the (B, T, S, H, D) one."""
+    x, out = _contiguous(kind, "x", x), _contiguous(kind, "out", out)
+    _floats(kind, x, out=out)
+    rows, heads = (x, out) if rows_side == "x" else (out, x)
+    if rows.ndim != 5:
+        raise ValueError(f"{kind}: {rows_side} must be (B, T, S, H, D), got {tuple(rows.shape)}")
+    b, t, s, h, d = rows.shape
+    _shape(kind, "out" if rows_side == "x" else "x", heads, (s, b, h, t, d))
+    return x.reshape(x.size), out.reshape(out.size), (b, t, s, h, d)
+
+
+def to_heads(x, out):
+    x, out, dims = _heads("to_heads", x, out, "x")
+    launch(_to_heads_k, out.size, x, out, *dims)
+
+
+def from_heads(x, out):
+    x, out, dims = _heads("from_heads", x, out, "out")
+    launch(_from_heads_k, out.size, x, out, *dims)
+
+
+# --- Batched GEMM -------------------------------------------------------------------------------
+
+@functools.cache
+def _make_batched_gemm(dtype):
+    """Tiled shared-memory batched GEMM for one dtype (shared arrays need it at compile time).
+
+    dense.py's GEMM with the groups on the grid's y axis: a block of _TILE x _TILE threads
+    computes _BM x _BM output tiles (_BM = _TILE * _MICRO) of group g = blockIdx.y, ... ; every
+    thread accumulates _MICRO x _MICRO outputs in registers; K advances in stages of _TILE, every
+    thread loading _MICRO elements of op(a) and of op(b), consecutive threads on the operand's
+    contiguous axis (coalesced for either transpose).
+    """
+    nbt = from_dtype(np.dtype(dtype))
+    tt, micro, bm = _TILE, _MICRO, _TILE * _MICRO       # compile-time constants (closure)
+    bk = _TILE
+    bk_pad, bm_pad = bk + 1, bm + 1                     # +1: no shared-memory bank conflicts
+
+    @cuda.jit
+    def batched_gemm_k(a, b, out, trans_a, trans_b, accumulate):
+        # out[g] (M, N) (=|+=) op(a[g]) (M, K) @ op(b[g]) (K, N)
+        sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
+        sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
+        acc = cuda.local.array((micro, micro), nbt)
+        groups, m, n = out.shape
+        kdim = a.shape[1] if trans_a else a.shape[2]
+        tiles_n = (n + bm - 1) // bm
+        tiles = ((m + bm - 1) // bm) * tiles_n
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tt + tx
+        for g in range(cuda.blockIdx.y, groups, cuda.gridDim.y):
+            for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                row0 = (t // tiles_n) * bm
+                col0 = (t % tiles_n) * bm
+                for p in range(micro):
+                    for q in range(micro):
+                        acc[p, q] = 0
+                for k0 in range(0, kdim, bk):
+                    for e in range(micro):              # bm * bk = micro * tt**2 elements
+                        idx = e * tt * tt + tid
+                        if trans_a:                     # a[g] (K, M): i is contiguous
+                            i = idx % bm
+                            kk = idx // bm
+                            r = row0 + i
+                            kg = k0 + kk
+                            sa[i, kk] = a[g, kg, r] if (r < m and kg < kdim) else nbt(0)
+                        else:                           # a[g] (M, K): k is contiguous
+                            kk = idx % bk
+                            i = idx // bk
+                            r = row0 + i
+                            kg = k0 + kk
+                            sa[i, kk] = a[g, r, kg] if (r < m and kg < kdim) else nbt(0)
+                        if trans_b:                     # b[g] (N, K): k is contiguous
+                            kk = idx % bk
+                            j = idx // bk
+                            c = col0 + j
+                            kg = k0 + kk
+                            sb[kk, j] = b[g, c, kg] if (c < n and kg < kdim) else nbt(0)
+                        else:                           # b[g] (K, N): j is contiguous
+                            j = idx % bm
+                            kk = idx // bm
+                            c = col0 + j
+                            kg = k0 + kk
+                            sb[kk, j] = b[g, kg, c] if (c < n and kg < kdim) else nbt(0)
+                    cuda.syncthreads()
+                    for kk in range(bk):
+                        for p in range(micro):
+                            av = sa[ty + p * tt, kk]
+                            for q in range(micro):
+                                acc[p, q] += av * sb[kk, tx + q * tt]
+                    cuda.syncthreads()
+                for p in range(micro):
+                    r = row0 + ty + p * tt
+                    for q in range(micro):
+                        c = col0 + tx + q * tt
+                        if r < m and c < n:
+                            if accumulate:
+                                out[g, r, c] += acc[p, q]
+                            else:
+                                out[g, r, c] = acc[p, q]
+
+    return batched_gemm_k
+
+
+def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
+    kind = "batched_gemm"
+    a, b, out = _contiguous(kind, "a", a), _contiguous(kind, "b", b), _contiguous(kind, "out",
+                                                                                   out)
+    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3:
+        raise ValueError(f"batched_gemm needs 3-D arrays, got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)}, {tuple(out.shape)}")
+    _floats(kind, out, a=a, b=b)
+    g, m, ka = (a.shape[0], a.shape[2], a.shape[1]) if trans_a else a.shape
+    gb, kb, n = (b.shape[0], b.shape[2], b.shape[1]) if trans_b else b.shape
+    if ka != kb or g != gb or tuple(out.shape) != (g, m, n):
+        raise ValueError(f"batched_gemm shapes do not agree: {(g, m, ka)} @ {(gb, kb, n)} -> "
+                         f"{tuple(out.shape)}")
+    if not (g and m and n):
+        return
+    bm = _TILE * _MICRO
+    tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
+    _make_batched_gemm(out.dtype)[(min(tiles, _GEMM_BLOCKS), min(g, _GROUP_BLOCKS)),
+                                  (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
+                                                  bool(accumulate))
+
+
+# --- Causal softmax -----------------------------------------------------------------------------
+
+@cuda.jit(cache=True)
+def _causal_softmax_k(scores, probs, sc):
+    # one block per row (g, i) of (G, T, T), fused: scale, mask j > i, max, exp-sum (float64),
+    # normalise, zeros above the diagonal; the elements in the arrays' dtype (sc too). scores
+    # and probs may be one array: each element is read, then written, by one thread, after the
+    # block's last reduction
+    groups, t_n, _ = scores.shape
+    tid = cuda.threadIdx.x
+    for r in range(cuda.blockIdx.x, groups * t_n, cuda.gridDim.x):
+        g = r // t_n
+        i = r - g * t_n
+        part = float64(_NEG_MAX)
+        for j in range(tid, i + 1, _ROW):
+            v = float64(scores[g, i, j] * sc)
+            if v > part:
+                part = v
+        top = scores.dtype.type(_row_max(part))
+        acc = float64(0.0)
+        for j in range(tid, i + 1, _ROW):
+            acc += float64(math.exp(scores[g, i, j] * sc - top))
+        inv = scores.dtype.type(1.0 / _row_sum(acc))
+        for j in range(tid, t_n, _ROW):
+            if j <= i:
+                probs[g, i, j] = math.exp(scores[g, i, j] * sc - top) * inv
+            else:
+                probs[g, i, j] = 0
+
+
+@cuda.jit(cache=True)
+def _causal_softmax_backward_k(probs, grad_probs, grad_scores, sc):
+    # grad_scores = sc * probs * (grad_probs - sum_{j<=i} grad_probs * probs), 0 for j > i;
+    # grad_probs and grad_scores may be one array (read, then written, by one thread)
+    groups, t_n, _ = probs.shape
+    tid = cuda.threadIdx.x
+    for r in range(cuda.blockIdx.x, groups * t_n, cuda.gridDim.x):
+        g = r // t_n
+        i = r - g * t_n
+        acc = float64(0.0)
+        for j in range(tid, i + 1, _ROW):
+            acc += float64(grad_probs[g, i, j] * probs[g, i, j])
+        dot = probs.dtype.type(_row_sum(acc))
+        for j in range(tid, t_n, _ROW):
+            if j <= i:
+                grad_scores[g, i, j] = sc * probs[g, i, j] * (grad_probs[g, i, j] - dot)
+            else:
+                grad_scores[g, i, j] = 0
+
+
+def _attention(kind, **arrays):
+    """Device arrays (G, T, T) of one float dtype."""
+    names = list(arrays)
+    views = [_contiguous(kind, name, a) for name, a in arrays.items()]
+    ref = views[0]
+    if ref.ndim != 3 or ref.shape[1] != ref.shape[2]:
+        raise ValueError(f"{kind}: {names[0]} must be (G, T, T), got {tuple(ref.shape)}")
+    _floats(kind, ref, **dict(zip(names[1:], views[1:])))
+    for name, v in zip(names[1:], views[1:]):
+        _shape(kind, name, v, ref.shape)
+    return views
+
+
+def causal_softmax(scores, probs, scale):
+    scores, probs = _attention("causal_softmax", scores=scores, probs=probs)
+    _row_launch(_causal_softmax_k, scores.shape[0] * scores.shape[1], scores, probs,
+                scores.dtype.type(scale))
+
+
+def causal_softmax_backward(probs, grad_probs, grad_scores, scale):
+    probs, grad_probs, grad_scores = _attention(
+        "causal_softmax_backward", probs=probs, grad_probs=grad_probs, grad_scores=grad_scores)
+    _row_launch(_causal_softmax_backward_k, probs.shape[0] * probs.shape[1], probs, grad_probs,
+                grad_scores, probs.dtype.type(scale))
