@@ -4,6 +4,8 @@ the backward hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes n
 own. Its public surface is Horovod's (docs/byo_loop.md).
 """
 import contextlib
+import math
+from numbers import Real
 
 import numpy as np
 
@@ -20,8 +22,13 @@ class DistributedOptimizer:
     """Wraps an optimizer so that N replicas stay one model (wraps, never subclasses).
 
     ``average="gradients"`` (Horovod; gradients.py): ``step()`` = ``synchronize()`` -- every
-    ``.grad`` averaged across ranks -- then the inner optimizer's ``step()``. To clip between the
-    two, call ``synchronize()``, clip, then ``with opt.skip_synchronize(): opt.step()``.
+    ``.grad`` averaged across ranks -- then the inner optimizer's ``step()``. ``clip_grad_norm``
+    C > 0 clips between the two: after every average (``synchronize()``, or the one ``step()``
+    makes, whatever the path: overlap, accumulation, deterministic) the averaged gradients are
+    scaled to a global 2-norm of at most C (``mt.nn.clip_grad_norm_``, the same on every rank,
+    once per step); ``grad_norm`` is then the norm before clipping (None until the first, or
+    without C). The same by hand (Horovod's idiom): ``synchronize()``, clip, then ``with
+    opt.skip_synchronize(): opt.step()``.
     ``average="weights"`` (PNNL; weights.py): every rank steps on its own gradients; every
     ``average_every`` steps the parameters are averaged across ranks (optimizer state stays
     per rank). ``deterministic=True`` (deterministic.py; gradients mode, no compression, a
@@ -51,7 +58,7 @@ class DistributedOptimizer:
                  op=comm.Average, gradient_predivide_factor=1.0, average="gradients",
                  average_every=1, fusion_threshold_bytes=None, overlap=True,
                  backward_passes_per_step=1,
-                 process_set=comm.global_process_set, deterministic=False):
+                 process_set=comm.global_process_set, deterministic=False, clip_grad_norm=None):
         if op not in (comm.Average, comm.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -70,6 +77,14 @@ class DistributedOptimizer:
         if average == "weights" and compression is not Compression.none:
             raise ValueError(f"compression {compression!r} applies to gradients; "
                              f"average='weights' sends full-precision weights")
+        if clip_grad_norm is not None:
+            if (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, Real)
+                    or not 0 < clip_grad_norm < math.inf):
+                raise ValueError(f"clip_grad_norm {clip_grad_norm!r}: expected a finite number "
+                                 f"> 0 (the largest global 2-norm of the averaged gradients)")
+            if average == "weights":
+                raise ValueError(f"clip_grad_norm={clip_grad_norm!r} clips averaged gradients; "
+                                 f"average='weights' averages parameters instead")
         if deterministic:
             check_arguments(average, compression, gradient_predivide_factor,
                             backward_passes_per_step, process_set)
@@ -87,6 +102,8 @@ class DistributedOptimizer:
         self.average_every = int(average_every)
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.deterministic = bool(deterministic)
+        self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
+        self.grad_norm = None         # the global 2-norm before the last clip (clip_grad_norm)
         self.comm_time_s = 0.0
         self._skip = False
         # the one strategy, for the optimizer's life
@@ -143,8 +160,10 @@ class DistributedOptimizer:
 
     def synchronize(self):
         """Average every parameter's ``.grad`` across ranks, in place (gradients mode); then
-        check the count of backward passes (``backward_passes_per_step``)."""
+        check the count of backward passes (``backward_passes_per_step``) and clip the averages
+        to ``clip_grad_norm`` (when set)."""
         self.strategy.synchronize()
+        self.strategy.clip()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -186,7 +205,9 @@ class DistributedOptimizer:
                 f"average_every={self.average_every}, compression={self.compression!r}, "
                 f"overlap={self.overlap}, "
                 f"backward_passes_per_step={self.backward_passes_per_step}"
-                + (", deterministic=True)" if self.deterministic else ")"))
+                + (", deterministic=True" if self.deterministic else "")
+                + (f", clip_grad_norm={self.clip_grad_norm}" if self.clip_grad_norm else "")
+                + ")")
 
 
 def _parameter_names(params, named_parameters):

@@ -11,6 +11,7 @@ step's own agreement -- the message every rank already exchanges to check the st
 inline payload, so every rank learns the OR of them with no MPI call of its own.
 """
 from mpitrain import comm
+from mpitrain.nn.clip import clip_grad_norm_
 from mpitrain.parallel.accumulation import PassCount
 
 
@@ -69,6 +70,14 @@ class Strategy:
     def synchronize(self):
         pass
 
+    def clip(self):
+        """After the average: scale the averaged gradients to global 2-norm at most
+        ``opt.clip_grad_norm`` (when set), the same on every rank, and keep the norm before
+        clipping in ``opt.grad_norm``."""
+        max_norm = self.opt.clip_grad_norm
+        if max_norm is not None:
+            self.opt.grad_norm = clip_grad_norm_(self.opt.params, max_norm)
+
     def settle(self):
         """Make the replicas one model (gradient averaging keeps them one: nothing to do)."""
 
@@ -93,6 +102,7 @@ class Strategy:
                                "allreduces are pending: call opt.synchronize() first")
         if not (skip or self.synchronized):
             self.synchronize()
+            self.clip()
         self.opt.optimizer.step()
         self.synchronized = False
         return self.finish_flags()
