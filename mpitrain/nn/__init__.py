@@ -16,6 +16,8 @@ from mpitrain.nn.residual import Add, BasicBlock, ShortcutA
 from mpitrain.nn.resnet import ResNet
 from mpitrain.nn.sequential import Sequential
 from mpitrain.nn.sync_batchnorm import SyncBatchNorm
+from mpitrain.nn.transformer import (GELU, GPT, MLP, Block, CausalSelfAttention, Embedding,
+                                     LayerNorm, PositionalEmbedding)
 
 __all__ = ["Parameter", "Module", "Layer", "Linear", "ReLU", "Tanh", "Sigmoid", "LeakyReLU",
            "Softmax", "softmax", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2d", "Flatten",
@@ -23,4 +25,6 @@ __all__ = ["Parameter", "Module", "Layer", "Linear", "ReLU", "Tanh", "Sigmoid", 
            "SyncBatchNorm",
            "Add", "ShortcutA", "BasicBlock", "ResNet", "SoftmaxCrossEntropy", "MSELoss",
            "BCEWithLogitsLoss", "Sequential",
+           "Embedding", "PositionalEmbedding", "LayerNorm", "GELU", "CausalSelfAttention", "MLP",
+           "Block", "GPT",
            "models", "clip_grad_norm_"]

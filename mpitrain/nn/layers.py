@@ -98,48 +98,67 @@ class Layer(Module):
 
 
 class Linear(Layer):
-    """y = x @ W.T + b, W (out, in); ``relu=True`` fuses the activation into the bias kernel."""
+    """y = x @ W.T + b, W (out, in); ``relu=True`` fuses the activation into the bias kernel;
+    ``bias=False`` leaves b out.
+
+    x is (B, in) or (B, T, in): the leading axes are rows of one GEMM (B*T rows), and y has x's
+    leading axes, (B, out) or (B, T, out).
+    """
 
     def __init__(self, in_features, out_features, relu=False, seed=0, dtype=np.float32,
-                 kernels=None, init=None):
+                 kernels=None, init=None, bias=True):
         super().__init__(kernels, dtype)
         _check_positive(in_features=in_features, out_features=out_features)
         self.in_features, self.out_features, self.relu = in_features, out_features, bool(relu)
         scheme = init or ("he" if relu else "glorot")
         w = init_weight(_rng(seed), (out_features, in_features), in_features, out_features, scheme)
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
-        self.bias = self._params["bias"] = Parameter(np.zeros(out_features, self.dtype),
-                                                     self.kernels)
+        self.bias = None
+        if bias:
+            self.bias = self._params["bias"] = Parameter(np.zeros(out_features, self.dtype),
+                                                         self.kernels)
 
     def forward(self, x):
-        self._check_input(x, 2, f"(B, {self.in_features})")
-        if x.shape[1] != self.in_features:
+        shape = tuple(x.shape)      # a tuple: device arrays' shapes may not index from the end
+        if len(shape) not in (2, 3):
+            raise ValueError(f"Linear expects (B, {self.in_features}) or (B, T, "
+                             f"{self.in_features}), got shape {shape}")
+        self._check_dtype(x)
+        if shape[-1] != self.in_features:
             raise ValueError(f"Linear expects {self.in_features} input features, got "
-                             f"{x.shape[1]} (input shape {tuple(x.shape)})")
+                             f"{shape[-1]} (input shape {shape})")
         k = self.kernels
-        y = self.workspace("y", (x.shape[0], self.out_features))       # (B, out)
-        k.gemm(x, self.weight.data, y, trans_b=True)
-        k.bias_act(y, self.bias.data, self.relu)
-        self._x, self._y = x, y
-        return y
+        lead = shape[:-1]
+        x2 = x if len(shape) == 2 else x.reshape((lead[0] * lead[1], self.in_features))
+        y = self.workspace("y", (x2.shape[0], self.out_features))      # (rows, out)
+        k.gemm(x2, self.weight.data, y, trans_b=True)
+        if self.bias is not None:
+            k.bias_act(y, self.bias.data, self.relu)
+        elif self.relu:
+            k.relu(y, y)
+        self._x, self._y, self._x_shape = x2, y, shape
+        return y if len(shape) == 2 else y.reshape(lead + (self.out_features,))
 
     def backward(self, grad_y, need_input_grad=True):
         k, x = self.kernels, self._x
-        g = grad_y                                                      # (B, out)
+        g = grad_y if len(grad_y.shape) == 2 else grad_y.reshape(self._y.shape)  # (rows, out)
         if self.relu:
-            g = self.workspace("g", grad_y.shape)
-            k.relu_backward(self._y, grad_y, g)
+            pre = self.workspace("g", self._y.shape)
+            k.relu_backward(self._y, g, pre)
+            g = pre
         grad_w, acc = self.weight.grad_target()                         # (out, in)
         k.gemm(g, x, grad_w, trans_a=True, accumulate=acc)
-        k.bias_grad(g, _zeroed_grad(self.bias))                         # (out,)
+        if self.bias is not None:
+            k.bias_grad(g, _zeroed_grad(self.bias))                     # (out,)
         if not need_input_grad:
             return None
-        grad_x = self.workspace("grad_x", x.shape)                      # (B, in)
+        grad_x = self.workspace("grad_x", x.shape)                      # (rows, in)
         k.gemm(g, self.weight.data, grad_x)
-        return grad_x
+        return grad_x if len(self._x_shape) == 2 else grad_x.reshape(self._x_shape)
 
     def __repr__(self):
-        return f"Linear({self.in_features}, {self.out_features}, relu={self.relu})"
+        return (f"Linear({self.in_features}, {self.out_features}, relu={self.relu}"
+                f"{'' if self.bias is not None else ', bias=False'})")
 
 
 class ReLU(Layer):

@@ -39,8 +39,12 @@ class _Loss:
 class SoftmaxCrossEntropy(_Loss):
     """``forward(logits (B, K), labels (B,) int64) -> mean loss``; ``backward() -> grad (B, K)``.
 
+    Sequence logits (B, T, K) with labels (B, T) (a language model's) are B*T rows of K: the
+    mean is over the B*T tokens, the gradient has the logits' shape and ``.correct`` counts
+    tokens.
+
     After ``forward``, ``.correct`` holds the number of rows whose argmax equals the label. The
-    gradient is already divided by B, matching the mean loss.
+    gradient is already divided by the number of rows, matching the mean loss.
 
     ``label_smoothing=e`` (0 <= e <= 1) is PyTorch's ``CrossEntropyLoss(label_smoothing=e)``:
     the target is (1 - e) * onehot(label) + e / K, so a sample's loss is
@@ -59,21 +63,25 @@ class SoftmaxCrossEntropy(_Loss):
         self.correct = 0
 
     def forward(self, logits, labels):
-        if logits.ndim != 2 or logits.shape[0] == 0:
-            raise ValueError(f"logits must be (B, K) with B > 0, got shape {tuple(logits.shape)}")
-        if tuple(labels.shape) != (logits.shape[0],):
-            raise ValueError(f"labels must have shape ({logits.shape[0]},), got "
+        shape = tuple(logits.shape)  # a tuple: device arrays' shapes may not index from the end
+        if len(shape) < 2 or shape[0] == 0:
+            raise ValueError(f"logits must be (B, K) or (B, T, K) with B > 0, got shape "
+                             f"{shape}")
+        if tuple(labels.shape) != shape[:-1]:
+            raise ValueError(f"labels must have shape {shape[:-1]}, got "
                              f"{tuple(labels.shape)}")
         if np.dtype(labels.dtype).kind not in "iu":
             raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
         k = self.kernels
-        grad, losses = self._buffers(tuple(logits.shape), (logits.shape[0],),    # (B, K), (B,)
-                                     logits.dtype)
-        k.softmax_xent(logits, labels, grad, losses)
+        rows, classes = labels.size, shape[-1]              # rows: B, or B*T tokens
+        grad, losses = self._buffers(shape, (rows,), logits.dtype)   # like logits
+        logits2, labels1 = logits.reshape((rows, classes)), labels.reshape(rows)   # (rows, K)
+        grad2 = grad.reshape((rows, classes))
+        k.softmax_xent(logits2, labels1, grad2, losses)
         if self.label_smoothing:
-            k.label_smoothing(logits, labels, grad, losses, self.label_smoothing)
-        self.correct = k.count_correct(logits, labels)
-        return k.total(losses) / logits.shape[0]
+            k.label_smoothing(logits2, labels1, grad2, losses, self.label_smoothing)
+        self.correct = k.count_correct(logits2, labels1)
+        return k.total(losses) / rows
 
     __call__ = forward
 

@@ -1,5 +1,7 @@
 """Model zoo: mlp (the PNNL DNN), lenet (TensorFlow's "deep MNIST" network), cifar_cnn (Keras's),
-and the CIFAR ResNets resnet20 / resnet32 / resnet56 (resnet.py).
+the CIFAR ResNets resnet20 / resnet32 / resnet56 (resnet.py), and gpt, nanoGPT's character-level
+transformer (transformer.py; token ids (B, block_size) in, logits (B, block_size, vocab) out,
+GPT-2's own initialisation, not the ``init`` schemes below).
 
 Each builder draws all weights from one ``np.random.default_rng(seed)`` in layer order, so the same
 seed gives the same model on every process. ``init="glorot"`` (default): Glorot uniform everywhere;
@@ -12,6 +14,7 @@ import numpy as np
 from mpitrain.nn.layers import Conv2D, Dropout, Flatten, Linear, MaxPool2D
 from mpitrain.nn.resnet import resnet
 from mpitrain.nn.sequential import Sequential
+from mpitrain.nn.transformer import GPT
 
 # Glorot uniform for every layer (Keras's default). He normal on the ReLU layers (init=None, the
 # Layer default) made LeNet diverge at step 1 with the reference recipe (SGD lr 0.05, momentum 0.9:
@@ -91,14 +94,23 @@ def resnet56(**kwargs):
     return resnet(56, **kwargs)
 
 
+def gpt(vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=True,
+        seed=0, dtype=np.float32, kernels=None):
+    """nanoGPT's GPT (transformer.py); the defaults are its "baby" shakespeare_char model
+    scaled down (4 layers, 4 heads, 128 channels, 64 tokens of context)."""
+    return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout=dropout, bias=bias,
+               seed=seed, dtype=dtype, kernels=kernels)
+
+
 _ZOO = {"mlp": mlp, "lenet": lenet, "cifar_cnn": cifar_cnn, "resnet20": resnet20,
-        "resnet32": resnet32, "resnet56": resnet56}
+        "resnet32": resnet32, "resnet56": resnet56, "gpt": gpt}
 
 
 def get(name, **kwargs):
     """Build a zoo model by name: ``get("mlp", seed=42)`` is ``mlp(seed=42)`` (a model, not a
     builder; the builders themselves are ``mt.models.mlp``, ``.lenet``, ``.cifar_cnn``,
-    ``.resnet20``, ...; the ResNets take ``input_shape=(C, H, W)``, default (3, 32, 32))."""
+    ``.resnet20``, ...; the ResNets take ``input_shape=(C, H, W)``, default (3, 32, 32); ``gpt``
+    needs ``vocab_size``)."""
     if name not in _ZOO:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(_ZOO)}")
     return _ZOO[name](**kwargs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.optim import SGD, Adam
+from mpitrain.optim import SGD, Adam, AdamW
 
 pytestmark = pytest.mark.gpu
 
@@ -45,6 +45,11 @@ MODELS = {
     # damps noise-level gradients, the kernel under test is the same.
     "lenet-adam": (lambda k: mt.models.lenet(classes=10, seed=2, kernels=k), (1, 28, 28), 10,
                    lambda p: Adam(p, lr=1e-3, eps=1e-6)),
+    # tokens (B, 32) of a vocabulary of 65 with next tokens as labels; eps as for LeNet (the
+    # key bias's exact gradient is 0: a row's softmax ignores a shift of all its scores)
+    "gpt-adamw": (lambda k: mt.models.gpt(vocab_size=65, block_size=32, n_layer=2, n_head=4,
+                                          n_embd=64, seed=3, kernels=k), "tokens", 65,
+                  lambda p: AdamW(p, lr=1e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1)),
 }
 
 
@@ -54,8 +59,13 @@ def test_training_matches_cpu(cpu, gpu, model):
     if GLOBAL_BATCH % mt.size():
         pytest.skip(f"global batch {GLOBAL_BATCH} does not split over {mt.size()} ranks")
     rng = np.random.default_rng(0)                                 # same data on every rank
-    xs = [rng.standard_normal((GLOBAL_BATCH,) + shape).astype(np.float32) for _ in range(STEPS)]
-    ys = [rng.integers(0, classes, GLOBAL_BATCH).astype(np.int64) for _ in range(STEPS)]
+    if shape == "tokens":
+        xs, ys = ([rng.integers(0, classes, (GLOBAL_BATCH, 32)) for _ in range(STEPS)]
+                  for _ in range(2))
+    else:
+        xs = [rng.standard_normal((GLOBAL_BATCH,) + shape).astype(np.float32)
+              for _ in range(STEPS)]
+        ys = [rng.integers(0, classes, GLOBAL_BATCH).astype(np.int64) for _ in range(STEPS)]
     want = train(cpu, build, make_opt, xs, ys, distributed=False)
     got = train(gpu, build, make_opt, xs, ys, distributed=True)
     for name in want:
