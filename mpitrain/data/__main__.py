@@ -5,6 +5,9 @@
             into D/<name>, $MPITRAIN_DATA_DIR/<name> or ~/.cache/mpitrain/<name> (D is created)
     info    where NAME was found, each file's size and what its header says (no full load)
 
+NAME is an image dataset (fashion-mnist, mnist, cifar10) or a text (tiny-shakespeare: one
+file, input.txt, for mt.data.TextDataset; `info` checks its SHA-256 and counts its characters).
+
 A given data dir (--data-dir D, else $MPITRAIN_DATA_DIR, else the older $MPITRAIN_DATA) is the
 only place `info` looks in: a D that does not exist or lacks the files is an error naming D, never
 a silent fall-back to ~/.cache/mpitrain or /usr/share/datasets.
@@ -15,12 +18,13 @@ line on stderr saying what is wrong and what to do.
 import argparse
 import sys
 
-from mpitrain.data.catalog import SPECS, spec as _spec
+from mpitrain.data.catalog import SPECS, TEXTS, spec as _spec, text_spec
 from mpitrain.data.cifar import RECORD_BYTES
 from mpitrain.runtime.errors import DataError
-from mpitrain.data.fetch import fetch
+from mpitrain.data.fetch import fetch, sha256_file
 from mpitrain.data.idx import read_idx_header
 from mpitrain.data.locate import dataset_files, locate
+from mpitrain.data.text import locate_text
 
 
 def _size(n):
@@ -30,8 +34,24 @@ def _size(n):
         n /= 1000
 
 
+def _text_info(name, data_dir, out):
+    source = text_spec(name).source
+    path = locate_text(name, data_dir)
+    size = path.stat().st_size
+    verified = "SHA-256 verified" if sha256_file(path) == source.sha256 else \
+        f"SHA-256 differs from the pinned {source.sha256[:12]}... (not the catalog's file)"
+    try:
+        holds = f"{len(set(path.read_text(encoding='utf-8')))} distinct characters"
+    except UnicodeDecodeError:
+        holds = "not UTF-8 (use --tokens bytes)"
+    out(f"{name}: found in {path.parent}")
+    out(f"  {path.name:28s} {_size(size):>9s}  {holds}; {verified}")
+
+
 def info(name, data_dir=None, out=print):
     """Print where dataset `name` is and what each of its files holds."""
+    if name in TEXTS:
+        return _text_info(name, data_dir, out)
     spec = _spec(name)
     directory = locate(name, data_dir)
     paths, _ = dataset_files(spec, directory)
@@ -56,8 +76,8 @@ def main(argv=None):
     for command, text in (("fetch", "download NAME unless it is already present"),
                           ("info", "show where NAME is found and its files")):
         sub = commands.add_parser(command, help=text)
-        sub.add_argument("name", choices=sorted(SPECS), metavar="NAME",
-                         help=f"one of: {', '.join(SPECS)}")
+        sub.add_argument("name", choices=sorted(SPECS) + sorted(TEXTS), metavar="NAME",
+                         help=f"one of: {', '.join(list(SPECS) + list(TEXTS))}")
         sub.add_argument("--data-dir", default=None, metavar="D",
                          help="dataset root (files in D/NAME or D), the only place looked in; "
                               "default: $MPITRAIN_DATA_DIR, else ~/.cache/mpitrain and "

@@ -15,6 +15,10 @@ Checksums are SHA-256 of the files exactly as the official sources serve them.
 Installed copies are never hash-checked (Debian's differ in their gzip header); the readers check
 their structure instead.
 
+Texts (TEXTS: corpora for TextDataset, fetched but never "loaded" as image datasets):
+- tiny-shakespeare: Karpathy's char-rnn input.txt, 1,115,394 bytes; its SHA-256 is the one that
+  TensorFlow Datasets and many projects pin for that URL.
+
 Normalisation constants are the mean/std of the training split's pixels scaled to [0, 1]
 (Fashion-MNIST's were measured on the real files: 0.2860, 0.3530).
 """
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 
 from mpitrain.runtime.errors import DataError
 
-__all__ = ["Source", "Spec", "SPECS", "spec", "check_split"]
+__all__ = ["Source", "Spec", "SPECS", "spec", "check_split", "TextSpec", "TEXTS", "text_spec"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,33 @@ SPECS = {
         labels=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                 "truck")),
 }
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """A text corpus: one file, downloaded as ``source.filename`` into the dataset folder."""
+    name: str
+    source: Source
+    about: str
+
+
+TEXTS = {
+    "tiny-shakespeare": TextSpec(
+        "tiny-shakespeare", Source(
+            "input.txt",
+            ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
+             "input.txt",),
+            "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", 1115394),
+        "40,000 lines of Shakespeare (char-rnn), 65 characters"),
+}
+
+
+def text_spec(name):
+    """The TextSpec for `name`, or DataError listing the known texts."""
+    try:
+        return TEXTS[name]
+    except (KeyError, TypeError):
+        raise DataError(f"unknown text {name!r}; known: {', '.join(TEXTS)}") from None
 
 
 def spec(name):

@@ -12,7 +12,9 @@
    (atomic on POSIX, same file system). A failed check, a dropped connection or Ctrl-C deletes
    the temp file, so the cache only ever holds verified files, and a rerun picks up where the
    last one stopped (files already present with the right hash are kept).
-3. CIFAR-10 comes as one tarball: after verifying it, only the six expected batch members are
+3. A text (catalog.TEXTS, e.g. tiny-shakespeare) is one file: kept where the search finds it
+   with the pinned SHA-256, else downloaded into the target directory the same way.
+4. CIFAR-10 comes as one tarball: after verifying it, only the six expected batch members are
    copied out (regular files, known names; nothing else in the archive is trusted, so no path
    tricks), each through the same temp-then-rename step; the tarball is deleted last.
 
@@ -26,10 +28,10 @@ import tarfile
 import urllib.request
 
 from mpitrain.runtime import atomic
-from mpitrain.data.catalog import spec as _spec
+from mpitrain.data.catalog import TEXTS, spec as _spec, text_spec
 from mpitrain.data.cifar import RECORD_BYTES
 from mpitrain.runtime.errors import DataError, FetchOffline
-from mpitrain.data.locate import home_dir, locate, where_to_put
+from mpitrain.data.locate import home_dir, locate, search_dirs, where_to_put
 
 __all__ = ["fetch", "FetchOffline", "sha256_file"]
 
@@ -93,8 +95,9 @@ def _download_one(url, source, dest):
         _write_atomically(dest, receive)
 
 
-def _download(source, dest, spec, data_dir):
-    """Try each URL of `source`; raise DataError (checksum) or FetchOffline (unreachable)."""
+def _download(source, dest, spec, data_dir, where=None):
+    """Try each URL of `source`; raise DataError (checksum) or FetchOffline (unreachable).
+    ``where``: the "put it there by hand" hint (default: the dataset's where_to_put)."""
     unreachable, mismatched = [], []
     for url in source.urls:
         try:
@@ -110,7 +113,7 @@ def _download(source, dest, spec, data_dir):
     tried = "; ".join(f"{url}: {reason}" for url, reason in unreachable) if len(reasons) > 1 \
         else f"{', '.join(url for url, _ in unreachable)} ({reasons.pop()})"
     raise FetchOffline(f"fetch {spec.name}: cannot download {tried}; without network access, "
-                       f"{where_to_put(spec, data_dir, fetch=False)}")
+                       f"{where or where_to_put(spec, data_dir, fetch=False)}")
 
 
 def _extract_cifar(archive, spec, target):
@@ -133,8 +136,32 @@ def _extract_cifar(archive, spec, target):
         raise DataError(f"{archive}: cannot extract ({e})") from None
 
 
+def _fetch_text(name, data_dir, force, log):
+    """A catalog text (TEXTS): one file, kept where it is found when its SHA-256 is right."""
+    spec = text_spec(name)
+    source = spec.source
+    if not force:
+        for directory in search_dirs(name, data_dir):
+            path = directory / source.filename
+            if path.is_file() and sha256_file(path) == source.sha256:
+                log(f"{name}: already present in {directory}; nothing to download")
+                return directory
+    target = home_dir(name, data_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"fetch {name}: cannot create {target} ({e.strerror or e})") from None
+    log(f"{name}: downloading {source.filename} ({source.size / 1e6:.1f} MB) to {target}")
+    _download(source, target / source.filename, spec, data_dir,
+              where=f"put {source.filename} (SHA-256 {source.sha256}) in {target}")
+    log(f"{name}: ready in {target}")
+    return target
+
+
 def fetch(name, data_dir=None, force=False, log=print):
-    """Make dataset `name` available; returns the directory holding it."""
+    """Make dataset or text `name` available; returns the directory holding it."""
+    if name in TEXTS:
+        return _fetch_text(name, data_dir, force, log)
     spec = _spec(name)
     if not force:
         try:
