@@ -30,8 +30,10 @@ setup(
         # PyTorch for mpitrain.torch (horovod.torch's API); pinned so that pip takes the CPU
         # wheel instead of resolving a CUDA build.
         "torch": ["torch==2.13.0"],
+        # tensorboardX for --tensorboard DIR (mpitrain/train/tensorboard.py).
+        "tensorboard": ["tensorboardX>=2.6"],
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis",
-                 "torch==2.13.0"],
+                 "torch==2.13.0", "tensorboardX>=2.6"],
     },
     entry_points={"console_scripts": ["mpitrain=mpitrain.train.cli:main",
                                       "mpitrainrun=mpitrain.run.cli:console"]},

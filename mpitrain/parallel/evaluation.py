@@ -26,7 +26,8 @@ from mpitrain.nn.sync_batchnorm import SyncBatchNorm
 
 
 def evaluate(model, dataset, batch_size=1000, loss_fn=None):
-    """Accuracy and mean loss of ``model`` on all of ``dataset`` (``.images``, ``.labels``).
+    """Accuracy and mean loss of ``model`` on all of ``dataset`` (``.images``, ``.labels``),
+    per label: per sample for a classifier, per token for text windows (labels (N, T)).
 
     Collective: every rank calls it and gets the same dict ``{"accuracy", "loss", "correct",
     "total"}``. Batches go to the model's backend and are reshaped to ``model.input_shape``
@@ -45,22 +46,23 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=None):
     mine = shard(len(dataset.labels))
     was_training = getattr(model, "training", True)
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, labels = 0, 0.0, 0
     try:
         for start in range(0, len(mine), batch_size):
             idx = mine[start:start + batch_size]
             x = np.ascontiguousarray(dataset.images[idx])                     # (b, ...)
             if shape is not None:
                 x = x.reshape((len(idx),) + tuple(shape))
-            y = np.ascontiguousarray(dataset.labels[idx])                     # (b,)
+            y = np.ascontiguousarray(dataset.labels[idx])                     # (b,) (b, T)
+            labels += y.size            # a label per sample, or per token of a text window
             if kernels.name != "cpu":
                 x, y = kernels.to_device(x), kernels.to_device(y)
-            loss_sum += float(loss_fn.forward(model.forward(x), y)) * len(idx)
+            loss_sum += float(loss_fn.forward(model.forward(x), y)) * y.size
             correct += int(loss_fn.correct)
     finally:
         if was_training:
             model.train()
-    totals = comm.allreduce(np.array([correct, len(mine), loss_sum], np.float64),
+    totals = comm.allreduce(np.array([correct, labels, loss_sum], np.float64),
                                    op=comm.Sum, name="evaluate")
     correct, total, loss_sum = int(totals[0]), int(totals[1]), float(totals[2])
     return {"accuracy": correct / total if total else 0.0,

@@ -29,9 +29,12 @@ from mpitrain.runtime.errors import UsageError
 # Choices come from the modules that own them; the ones only the CLI offers are set here.
 MODELS = models.names
 DATASETS = tuple(SPECS) + ("synthetic",)
+# Datasets named by a path: a text file (--model gpt) or the user's own arrays.
+DATASET_PREFIXES = ("text:", "npz:")
+TOKENS = ("chars", "bytes")
 # Per-sample shape of each real dataset, so model/dataset mismatches fail before any data is read.
 DATASET_SHAPES = {name: spec.sample_shape for name, spec in SPECS.items()}
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 ENV_PREFIX = "MPITRAIN_"
 
 
@@ -82,6 +85,17 @@ def parse_augment(text):
     return ",".join(a for a in AUGMENTATIONS if a in parts)
 
 
+def parse_betas(text):
+    """'0.9,0.99' -> (0.9, 0.99): Adam's decay rates of the two moment averages."""
+    try:
+        betas = tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise UsageError("expected two numbers in [0, 1) like 0.9,0.99")
+    return betas
+
+
 STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
 
 
@@ -112,7 +126,17 @@ class Config:
     sync_bn: bool = _opt(False, "SyncBatchNorm: BatchNorm statistics of the global batch "
                                 "(two small allreduces per BatchNorm layer and step) instead of "
                                 "each rank's own")
-    dataset: str = _opt("fashion-mnist", "training/test data", choices=DATASETS)
+    n_layer: int = _opt(4, "--model gpt: transformer blocks")
+    n_head: int = _opt(4, "--model gpt: attention heads (must divide --n-embd)")
+    n_embd: int = _opt(128, "--model gpt: embedding width")
+    block_size: int = _opt(64, "--model gpt: context length in tokens (a training sample is a "
+                               "window of block_size + 1 tokens)")
+    dataset: str = _opt("fashion-mnist", "training/test data: " + ", ".join(DATASETS)
+                        + ", text:PATH (a UTF-8 file, for --model gpt; 90/10 train/val split) "
+                          "or npz:PATH (your arrays x, y in an .npz or x.npy/y.npy)",
+                        choices=DATASETS)
+    tokens: str = _opt("chars", "--dataset text: chars (the file's characters are the "
+                                "vocabulary) or bytes (256 byte values)", choices=TOKENS)
     data_dir: Optional[str] = _opt(None, "dataset folder, the only place looked in: missing or "
                                          "lacking the files is an error (default: mpitrain.data's "
                                          "search path)")
@@ -145,6 +169,8 @@ class Config:
                                "dropped): one smaller step, every sample used once; ranks with "
                                "no share of it wait in mt.join")
     eval_every: int = _opt(0, "steps between test evaluations (0 = at the end of every epoch)")
+    eval_batches: int = _opt(50, "--dataset text: the validation set is this many global "
+                                 "batches of windows, drawn from --seed alone (val_loss)")
     seed: int = _opt(0, "seed for the model init and the data order (same on every rank)")
 
     # -- optimizer (see SECTIONS)
@@ -152,6 +178,7 @@ class Config:
     lr: float = _opt(0.05, "learning rate, used as given (see --scale-lr)")
     scale_lr: bool = _opt(False, "multiply --lr by the number of ranks")
     warmup_epochs: float = _opt(0.0, "linear lr warm-up from lr/steps to lr over this many epochs")
+    warmup_steps: int = _opt(0, "linear lr warm-up over this many steps (lr/W, 2lr/W, ..., lr)")
     lr_schedule: str = _opt("constant", "lr decay, times the warm-up: constant, step (x gamma "
                                         "after each --lr-milestones epoch) or cosine (per step, "
                                         "to 0 at the end of the run)", choices=SCHEDULES)
@@ -159,11 +186,16 @@ class Config:
                                                 "multiplies the lr by --lr-gamma, e.g. 30,60",
                                           flag_type=parse_milestones)
     lr_gamma: float = _opt(0.1, "lr factor at each --lr-milestones epoch")
+    min_lr: float = _opt(0.0, "--lr-schedule cosine: the lr it anneals to")
     momentum: float = _opt(0.9, "SGD momentum (0 = plain SGD)")
-    weight_decay: float = _opt(0.0, "L2 weight decay")
+    betas: tuple = _opt((0.9, 0.999), "adam, adamw: decay rates of the moment averages, "
+                                      "e.g. 0.9,0.99", flag_type=parse_betas)
+    weight_decay: float = _opt(0.0, "weight decay: L2 (sgd, adam) or decoupled (adamw)")
     decay_bn_bias: bool = _opt(False, "decay every parameter; by default parameters with ndim <= 1 "
                                       "(biases, BatchNorm weight and bias) get no weight decay "
                                       "(--no-decay-bn-bias)", off_flag="no_decay_bn_bias")
+    clip_grad_norm: Optional[float] = _opt(None, "clip the global 2-norm of the averaged "
+                                                 "gradients to this before each update")
 
     # -- parallel (see SECTIONS)
     average: str = _opt("gradients", "average gradients before every update (Horovod) or "
@@ -214,18 +246,30 @@ class Config:
                           off_flag="no_progress")
     timeline: Optional[str] = _opt(None, "write a Chrome-trace JSON of every rank's spans to this "
                                          "file (rank 0 merges; opens in Perfetto)")
+    tensorboard: Optional[str] = _opt(None, "write TensorBoard event files of the step and eval "
+                                            "records into this folder (rank 0; needs the "
+                                            "tensorboard extra)")
+    sample: int = _opt(0, "--model gpt: print this many generated characters at the end")
+    temperature: float = _opt(0.8, "--sample: softmax temperature (0 = greedy)")
 
     def validate(self):
         """Raise UsageError naming the first offending value; return self when all is well."""
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
+            if f.name == "dataset" and str(value).startswith(DATASET_PREFIXES):
+                if ":" not in value or not value.split(":", 1)[1]:
+                    raise UsageError(f"--dataset {value!r}: give a path after the colon")
+                continue
             if choices and value is not None and value not in choices:
-                raise UsageError(f"{_flag(f.name)} {value!r}: expected one of {', '.join(choices)}")
+                more = ", or text:PATH, npz:PATH" if f.name == "dataset" else ""
+                raise UsageError(f"{_flag(f.name)} {value!r}: expected one of "
+                                 f"{', '.join(choices)}{more}")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
                     "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0,
-                    "global_batch_size": 1}
+                    "global_batch_size": 1, "n_layer": 1, "n_head": 1, "n_embd": 1,
+                    "block_size": 1, "eval_batches": 1, "warmup_steps": 0, "sample": 0}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")
@@ -233,10 +277,15 @@ class Config:
                                ("momentum", 0 <= self.momentum < 1, "in [0, 1)"),
                                ("weight_decay", self.weight_decay >= 0, ">= 0"),
                                ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
-                               ("warmup_epochs", self.warmup_epochs >= 0, ">= 0")):
+                               ("warmup_epochs", self.warmup_epochs >= 0, ">= 0"),
+                               ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, --lr]"),
+                               ("temperature", self.temperature >= 0, ">= 0"),
+                               ("clip_grad_norm", self.clip_grad_norm is None
+                                or self.clip_grad_norm > 0, "> 0")):
             if not ok:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be {rule}")
         self._validate_recipe()
+        self._validate_gpt()
         if (self.checkpoint_every or self.resuming) and not self.checkpoint_dir:
             what = ("--resume" if self.resume else "--resume-if-exists" if self.resume_if_exists
                     else f"--checkpoint-every {self.checkpoint_every}")
@@ -271,6 +320,29 @@ class Config:
             raise UsageError(f"--model {self.model!r} takes {want} samples but --dataset "
                              f"{self.dataset!r} has {have}")
         return self
+
+    def _validate_gpt(self):
+        """--model gpt, --dataset text: and the flags that belong to them."""
+        try:  # flags and env were parsed already; a Config built in code was not
+            parse_betas(_csv(self.betas))
+        except UsageError as exc:
+            raise UsageError(f"--betas {_csv(self.betas)!r}: {exc}") from None
+        text = self.dataset.startswith("text:")
+        if (self.model == "gpt") != text:
+            raise UsageError(f"--model gpt trains on --dataset text:PATH, got --model "
+                             f"{self.model!r} with --dataset {self.dataset!r}")
+        if self.n_embd % self.n_head:
+            raise UsageError(f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}")
+        if text and self.augment != "none":
+            raise UsageError(f"--augment {self.augment}: only for image data, not text")
+        if self.sample and self.model != "gpt":
+            raise UsageError(f"--sample {self.sample}: only for --model gpt")
+        if self.min_lr and self.lr_schedule != "cosine":
+            raise UsageError(f"--min-lr {self.min_lr!r}: only for --lr-schedule cosine, not "
+                             f"{self.lr_schedule!r}")
+        if self.clip_grad_norm is not None and self.average == "weights":
+            raise UsageError("--clip-grad-norm clips averaged gradients; it does not apply to "
+                             "--average weights")
 
     def _validate_deterministic(self):
         """--deterministic against the flags it cannot keep its promise with (the checks that
@@ -324,6 +396,8 @@ class Config:
 
     def sample_shape(self):
         """The per-sample shape the job's data will have (synthetic: the model's input)."""
+        if self.dataset.startswith("text:"):
+            return (self.block_size,)
         return (DATASET_SHAPES.get(self.dataset)
                 or models.FIXED_INPUT_SHAPES.get(self.model, (1, 28, 28)))
 
@@ -337,14 +411,16 @@ class Config:
 # The sections of Config, in its order: ``--help`` groups the flags by them.
 SECTIONS = (
     ("model", "what is trained, on what",
-     ("model", "hidden", "dropout", "sync_bn", "dataset", "data_dir", "synthetic_samples",
-      "normalize", "augment", "crop_padding")),
+     ("model", "hidden", "dropout", "sync_bn", "n_layer", "n_head", "n_embd", "block_size",
+      "dataset", "tokens", "data_dir", "synthetic_samples", "normalize", "augment",
+      "crop_padding")),
     ("schedule", "how long, in what batches",
      ("epochs", "steps", "batch_size", "global_batch_size", "accumulate", "uneven", "eval_every",
-      "seed")),
+      "eval_batches", "seed")),
     ("optimizer", "the update",
-     ("optimizer", "lr", "scale_lr", "warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
-      "momentum", "weight_decay", "decay_bn_bias")),
+     ("optimizer", "lr", "scale_lr", "warmup_epochs", "warmup_steps", "lr_schedule",
+      "lr_milestones", "lr_gamma", "min_lr", "momentum", "betas", "weight_decay", "decay_bn_bias",
+      "clip_grad_norm")),
     ("parallel", "how the ranks stay one model",
      ("average", "average_every", "fp16_allreduce", "fusion_threshold_bytes", "overlap",
       "deterministic", "micro_shards")),
@@ -352,7 +428,8 @@ SECTIONS = (
      ("device", "kernels", "threads")),
     ("outputs", "what the job writes",
      ("checkpoint_dir", "checkpoint_every", "resume", "resume_if_exists", "keep_checkpoints",
-      "checkpoint_async", "preempt_signals", "save", "metrics_json", "progress", "timeline")),
+      "checkpoint_async", "preempt_signals", "save", "metrics_json", "progress", "timeline",
+      "tensorboard", "sample", "temperature")),
 )
 
 
@@ -411,6 +488,10 @@ def _from_env(f, default, environ):
     if f.name == "fusion_threshold_bytes":      # the comm layer's variable, unless ours is set
         default = comm.fusion_threshold_from_env(environ, default)
     name, kind = env_name(f.name), field_type(f)
+    if f.name == "dataset":                     # a choice, or a path after text: / npz:
+        text = env.text(name, None, environ)
+        if text is not None and text.startswith(DATASET_PREFIXES):
+            return text
     if f.metadata.get("choices"):
         return env.choice(name, default, f.metadata["choices"], environ)
     if kind is bool:

@@ -26,6 +26,7 @@ from mpitrain.train.plan import make_plan
 from mpitrain.train.preempt import WRITE_FAILED, StepFlags, signal_name
 from mpitrain.train.progress import Progress
 from mpitrain.train.records import LOG_RECORDS_PER_EPOCH, Outputs, Records
+from mpitrain.train.sample import sample_text
 
 EVAL_BATCH = 500
 
@@ -53,7 +54,8 @@ class Trainer:
         self.schedule = optim.LRSchedule(
             base_lr, config.lr_schedule, total_steps=max(1, self.progress.total_steps()),
             steps_per_epoch=max(1, self.progress.steps_per_epoch()),
-            milestones=config.lr_milestones or (), gamma=config.lr_gamma)
+            milestones=config.lr_milestones or (), gamma=config.lr_gamma,
+            warmup_steps=config.warmup_steps, min_lr=config.min_lr)
         self.records = Records(self)
         self.flags = StepFlags(config, self.outputs, self.size, signals)   # stop requests
         self.last_checkpoint_step = None
@@ -71,6 +73,10 @@ class Trainer:
             if meta.get(key) != getattr(config, key):
                 raise CheckpointError(f"{path} was written with --{key} {meta.get(key)!r}, "
                                       f"not {getattr(config, key)!r}")
+        written, mine = meta.get("vocabulary"), vocabulary(self.train_set)
+        if written != mine:
+            raise CheckpointError(f"{path} was written with another vocabulary "
+                                  f"({_describe(written)}, this data has {_describe(mine)})")
         try:
             self.model.load_state_dict(checkpoint["params"])
             self.optimizer.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -105,9 +111,9 @@ class Trainer:
             if not steps:  # resumed with a larger global batch than the epoch has left
                 progress.next_epoch()
             for step in steps:
-                loss, correct, flags = self.train_step(step)
+                loss, accuracy, flags = self.train_step(step)
                 epoch_end = progress.advance(step.samples)
-                records.show(loss, correct, epoch_end)
+                records.show(loss, accuracy, epoch_end)
                 self.stop_if_flagged(self.flags.agree(flags, self.step, step.joins))
                 if self.step % log_every == 0 or epoch_end or progress.done():
                     records.log_step(metrics)
@@ -134,17 +140,22 @@ class Trainer:
         summary = records.summary(metrics, first_step, wall)
         self.outputs.wait()
         self.outputs.check()
+        if config.sample and self.rank == 0:
+            text = sample_text(self.model, self.train_set, config.sample, config.temperature,
+                               config.seed)
+            print(f"sample ({config.sample} tokens, temperature {config.temperature:g}):\n"
+                  f"{text}", flush=True)
         return summary
 
     def train_step(self, step):
         """One optimizer step (a plan.Step): a forward and backward pass per micro-batch, the
         loss gradient scaled by the step's weight; each layer's gradients start their allreduce
         as soon as the layer is done (the optimizer counts the passes). Returns (mean loss,
-        correct answers of the last pass, every rank's stop flags as the step's agreement
+        accuracy of the last pass, every rank's stop flags as the step's agreement
         carried them or None: preempt.py); the loss is NaN on a rank with no samples."""
         trace, plan = current_timeline(), self.plan  # disabled unless --timeline names a file
         start, comm_before = time.perf_counter(), self.optimizer.comm_time_s
-        self.optimizer.lr = self.progress.lr(self.base_lr, self.schedule)
+        self.optimizer.lr = self.progress.lr(self.schedule)
         self.optimizer.zero_grad()
         rows, flags = [], None
         plan.before_step()
@@ -153,16 +164,18 @@ class Trainer:
             with trace.span("data"):
                 x = self._to_backend(self.train_set.images, micro, self.model.input_shape,
                                      self.augment)                                 # (b, ...)
-                y = self._to_backend(self.train_set.labels, micro, ())             # (b,)
+                y = self._to_backend(self.train_set.labels, micro,
+                                     self.train_set.labels.shape[1:])              # (b,) (b, T)
             with trace.span("forward"):
-                logits = self.model.forward(x)                                     # (b, K)
+                logits = self.model.forward(x)                                     # (b, [T,] K)
                 loss = self.loss_fn.forward(logits, y)
             with trace.span("backward"):
-                grad = self.loss_fn.backward()                                     # (b, K)
+                grad = self.loss_fn.backward()                                     # (b, [T,] K)
                 if step.weight != 1.0:
                     self.backend.scale(grad, step.weight)
                 self.model.backward(grad, on_layer_done=self.optimizer.backward_hook)
-            rows.append((loss * len(micro), self.loss_fn.correct, len(micro)))
+            # loss and correct answers per label: a sample (classifiers) or a token (text)
+            rows.append((loss * y.size, self.loss_fn.correct, y.size))
             plan.after_pass()
         if rows:
             with trace.span("optimizer.step", step=self.step + 1):
@@ -172,9 +185,9 @@ class Trainer:
         plan.after_step(step, self.model, self.optimizer)
         self.records.add_step(time.perf_counter() - start,
                               self.optimizer.comm_time_s - comm_before, rows)
-        loss_sum = sum(row[0] for row in rows)
-        return (loss_sum / len(step.idx) if rows else float("nan"),
-                rows[-1][1] if rows else 0, flags)
+        loss_sum, labels = sum(row[0] for row in rows), sum(row[2] for row in rows)
+        return (loss_sum / labels if rows else float("nan"),
+                rows[-1][1] / rows[-1][2] if rows else 0.0, flags)
 
     def _to_backend(self, data, idx, shape, augment=None):
         host = data[idx]                                                      # (b, ...)
@@ -221,6 +234,7 @@ class Trainer:
                     "seed": config.seed, "epoch": self.epoch, "epoch_position_samples":
                     self.position, "global_batch": self.global_batch, "ranks_at_save": self.size,
                     "hidden": list(config.hidden) if config.hidden else None,
+                    "vocabulary": vocabulary(self.train_set),
                     "deterministic_micro_shards": (config.micro_shards if config.deterministic
                                                    else None)}
             state, step = self.model.state_dict(copy=True), self.step    # copies: a snapshot
@@ -232,6 +246,20 @@ class Trainer:
                                  background=background)
         self.outputs.check()
         self.last_checkpoint_step = self.step
+
+
+def vocabulary(dataset):
+    """A text dataset's vocabulary as the checkpoint records it: its characters as one string,
+    or "bytes"; None for other data."""
+    if getattr(dataset, "tokens", None) is None:
+        return None
+    return "bytes" if dataset.vocab is None else "".join(dataset.vocab)
+
+
+def _describe(vocab):
+    if vocab is None:
+        return "no vocabulary"
+    return "256 byte values" if vocab == "bytes" else f"{len(vocab)} characters"
 
 
 def augmentation(config, train_set):

@@ -3,9 +3,10 @@
 steps per epoch, steps left, whether the run is done, and the learning rate.
 
 The three counters are all a resume needs (the checkpoint's step, epoch and
-epoch_position_samples). The learning rate is a function of them alone: ``--lr`` as given (times N
-with ``--scale-lr``), ramped linearly with the epochs done over ``--warmup-epochs``, times
-``LRSchedule.decay(t)`` at ``t = epoch * steps_per_epoch + position / global_batch`` -- measured
+epoch_position_samples). The learning rate is a function of them alone: ``LRSchedule.lr_at(t)``
+(``--lr`` as given, times N with ``--scale-lr``, its ``--warmup-steps`` ramp and its decay) at
+``t = epoch * steps_per_epoch + position / global_batch``, ramped linearly with the epochs done
+over ``--warmup-epochs`` -- measured
 in samples, so it continues exactly after a resume, on any N with the same global batch.
 """
 
@@ -60,11 +61,11 @@ class Progress:
         """Skip what is left of this epoch (a resume with a larger global batch than it has)."""
         self.epoch, self.position = self.epoch + 1, 0
 
-    def lr(self, base_lr, schedule):
+    def lr(self, schedule):
         """The learning rate of the next step (see the module docstring)."""
         t = self.epoch * self.steps_per_epoch() + self.position / self.global_batch
-        decay = schedule.decay(t)  # 1.0 for --lr-schedule constant
+        lr = schedule.lr_at(t)  # --lr, its warm-up steps and its decay (optim/schedule.py)
         if self.config.warmup_epochs <= 0:
-            return base_lr * decay
+            return lr
         done = self.epoch + (self.position + self.global_batch) / self.n_train
-        return base_lr * min(1.0, done / self.config.warmup_epochs) * decay
+        return lr * min(1.0, done / self.config.warmup_epochs)

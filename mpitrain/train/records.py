@@ -16,23 +16,30 @@ import numpy as np
 
 from mpitrain import comm
 from mpitrain.runtime.errors import OutputError, one_line
+from mpitrain.train.tensorboard import TensorBoard
 
 TIMING_WARMUP_STEPS = 5
 LOG_RECORDS_PER_EPOCH = 10
 
 
 class Outputs:
-    """Rank 0's files: the JSON-lines metrics (opened only once the job is known to be valid),
-    checkpoints and --save. A write that fails is kept, not raised (the other ranks would wait
-    for rank 0 in their next collective), nothing more is written, and ``check()`` -- a
-    collective every rank calls at the same point of the loop -- raises it as the same
-    OutputError on every rank (and preempt.py's step flags tell every rank at the next step).
+    """Rank 0's files: the JSON-lines metrics and the --tensorboard events (opened only once the
+    job is known to be valid), checkpoints and --save. A write that fails is kept, not raised
+    (the other ranks would wait for rank 0 in their next collective), nothing more is written,
+    and ``check()`` -- a collective every rank calls at the same point of the loop -- raises it
+    as the same OutputError on every rank (and preempt.py's step flags tell every rank at the next step).
     ``attempt(..., background=True)`` (--checkpoint-async) writes on one background thread,
     after the previous background write has finished; ``wait()`` waits for it."""
 
     def __init__(self, rank):
         self.rank, self.path, self.fd, self.error = rank, None, None, None
         self.writing = None         # the background write in progress (a Thread), or None
+        self.board = None           # --tensorboard: its writer (rank 0)
+
+    def open_tensorboard(self, folder):
+        """Rank 0: the --tensorboard event files, which get the step and eval records."""
+        if folder and self.rank == 0:
+            self.board = TensorBoard(folder)
 
     def open_metrics(self, path, append):
         """Rank 0: start the --metrics-json file (appended to when resuming)."""
@@ -45,6 +52,8 @@ class Outputs:
         """Append one metrics record (rank 0, with --metrics-json)."""
         if self.fd is not None:
             self.attempt("--metrics-json", self.path, lambda: self._append(record))
+        if self.board is not None and record.get("event") in ("step", "eval"):
+            self.attempt("--tensorboard", self.board.logdir, lambda: self.board.write(record))
 
     def _append(self, record):
         """One line, whole or not at all: a write cut short (a full disk) is taken back."""
@@ -96,6 +105,9 @@ class Outputs:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
 
 class Records:
@@ -110,6 +122,8 @@ class Records:
         self.interval_start = 0      # index into step_times where the interval began
         self.last_eval = self.last_eval_step = None
         self.bar = None
+        # the held-out split's name in records and lines: "test", or "val" for text windows
+        self.heldout = "val" if getattr(trainer.test_set, "split", None) == "val" else "test"
 
     def open_bar(self, show):
         if show:
@@ -128,11 +142,11 @@ class Records:
         self.interval.add(rows)
         self.epoch.add(rows)
 
-    def show(self, loss, correct, epoch_end):
+    def show(self, loss, accuracy, epoch_end):
         if self.bar is not None:
             t = self.trainer
             samples_s = t.global_batch / max(self.step_times[-1], 1e-9)
-            self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{correct / t.config.batch_size:.2f}",
+            self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.2f}",
                                  samples_s=f"{samples_s:.0f}", refresh=False)
             self.bar.set_description(f"epoch {t.epoch + (0 if epoch_end else 1)}",
                                      refresh=False)
@@ -141,10 +155,15 @@ class Records:
     def log_step(self, metrics):
         t = self.trainer
         samples_s, step_ms, comm_ms = self.timing(first=self.interval_start)
-        metrics.write({"event": "step", "step": t.step, "epoch": t.progress.epochs_done(),
-                       **_means(self.interval.total()), "lr": t.optimizer.lr,
-                       "samples_per_sec": samples_s, "step_time_ms": step_ms,
-                       "comm_time_ms": comm_ms})
+        record = {"event": "step", "step": t.step, "epoch": t.progress.epochs_done(),
+                  **_means(self.interval.total()), "lr": t.optimizer.lr,
+                  "samples_per_sec": samples_s, "step_time_ms": step_ms, "comm_time_ms": comm_ms}
+        if t.optimizer.grad_norm is not None:
+            record["grad_norm"] = t.optimizer.grad_norm      # before clipping
+        tokens = t.train_set.labels.shape[1:]
+        if tokens:
+            record["tokens_per_sec"] = samples_s * int(np.prod(tokens))
+        metrics.write(record)
         self.interval_start = len(self.step_times)
         t.outputs.check()        # a metrics line that could not be written ends the job
 
@@ -152,9 +171,10 @@ class Records:
         t = self.trainer
         self.last_eval, self.last_eval_step = result, t.step
         accuracy, test_loss = result[:2]
+        split = self.heldout
         metrics.write({"event": "eval", "step": t.step, "epoch": t.progress.epochs_done(),
-                       "test_accuracy": accuracy, "test_loss": test_loss})
-        line = f"step {t.step}: test accuracy {accuracy:.4f}, test loss {test_loss:.4f}"
+                              f"{split}_accuracy": accuracy, f"{split}_loss": test_loss})
+        line = f"step {t.step}: {split} accuracy {accuracy:.4f}, {split} loss {test_loss:.4f}"
         if self.bar is not None:
             self.bar.write(line)             # above the bar, which stays at the bottom
         elif t.rank == 0:
@@ -165,7 +185,8 @@ class Records:
         record = {"event": "epoch", "epoch": t.epoch, "step": t.step,
                   **_means(self.epoch.total())}
         if self.last_eval_step == t.step:
-            record.update(test_accuracy=self.last_eval[0], test_loss=self.last_eval[1])
+            record.update({f"{self.heldout}_accuracy": self.last_eval[0],
+                           f"{self.heldout}_loss": self.last_eval[1]})
         metrics.write(record)
 
     def summary(self, metrics, first_step, wall):
@@ -173,8 +194,9 @@ class Records:
         t, config = self.trainer, self.trainer.config
         accuracy, test_loss, correct, total = self.last_eval
         samples_s, step_ms, comm_ms = self.timing()
-        summary = {"event": "summary", "test_accuracy": accuracy, "test_loss": test_loss,
-                   "test_correct": correct, "test_samples": total,
+        split = self.heldout       # test_samples: labels scored (tokens, for text windows)
+        summary = {"event": "summary", f"{split}_accuracy": accuracy, f"{split}_loss": test_loss,
+                   f"{split}_correct": correct, f"{split}_samples": total,
                    "samples_per_sec": samples_s, "step_time_ms": step_ms, "comm_time_ms": comm_ms,
                    "comm_share": comm_ms / step_ms if step_ms else 0.0,
                    "ranks": t.size, "steps": t.step, "steps_run": t.step - first_step,
@@ -183,7 +205,8 @@ class Records:
                    "wall_time_s": time.perf_counter() - wall}
         metrics.write(summary)
         if t.rank == 0:
-            print(f"test accuracy: {accuracy:.4f} ({correct}/{total}), test loss {test_loss:.4f}; "
+            print(f"{split} accuracy: {accuracy:.4f} ({correct}/{total}), {split} loss "
+                  f"{test_loss:.4f}; "
                   f"{t.step} steps, {samples_s:.0f} samples/s over {t.size} rank(s), "
                   f"step {step_ms:.1f} ms, comm {comm_ms:.1f} ms", flush=True)
         return summary

@@ -25,6 +25,7 @@ from mpitrain.parallel.optimizer import DistributedOptimizer
 from mpitrain.runtime import env, threads
 from mpitrain.runtime.errors import DataError, Interrupted, UsageError, one_line
 from mpitrain.train import checkpoint as ckpt
+from mpitrain.train import tensorboard
 from mpitrain.train.loop import Trainer
 from mpitrain.train.preempt import Signals
 from mpitrain.train.records import Outputs
@@ -60,8 +61,12 @@ def _backend(config):
     return backend
 
 
-def _datasets(config):
-    """(train, test) with --normalize applied to both (statistics of the training set only)."""
+def _datasets(config, size):
+    """(train, test) with --normalize applied to both (statistics of the training set only);
+    for --dataset text: the training windows and the validation windows (--eval-batches global
+    batches of them, drawn from --seed alone)."""
+    if config.dataset.startswith("text:"):
+        return _text_datasets(config, size)
     train_set, test_set = _raw_datasets(config)
     if config.normalize == "train":
         mean, std = data.channel_stats(train_set)  # bitwise the same on every rank
@@ -70,7 +75,17 @@ def _datasets(config):
     return train_set, test_set
 
 
+def _text_datasets(config, size):
+    path = config.dataset.removeprefix("text:")
+    kw = dict(block_size=config.block_size, tokens=config.tokens, seed=config.seed)
+    global_batch = config.batch_size * size * config.accumulate
+    return (data.TextDataset(path, "train", **kw),
+            data.TextDataset(path, "val", windows=config.eval_batches * global_batch, **kw))
+
+
 def _raw_datasets(config):
+    if config.dataset.startswith("npz:"):
+        return data.load_npz(config.dataset.removeprefix("npz:"))
     if config.dataset != "synthetic":
         fixed = config.normalize == "fixed"  # "train" restandardises this one; exact either way
         return (data.load(config.dataset, "train", config.data_dir, normalize=fixed),
@@ -114,6 +129,10 @@ def _check_micro_shards(m, size, global_batch):
 
 
 def _build_model(config, train_set, backend):
+    if config.model == "gpt":
+        return models.get("gpt", vocab_size=train_set.classes, block_size=config.block_size,
+                          n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
+                          dropout=config.dropout, seed=config.seed, kernels=backend)
     kw = dict(seed=config.seed, kernels=backend, classes=train_set.classes)
     if config.model == "mlp":
         kw["in_features"] = int(np.prod(train_set.images.shape[1:]))
@@ -136,8 +155,10 @@ def _build_model(config, train_set, backend):
 def _build_optimizer(config, model, lr):
     params = model.parameters()
     no_decay = None if config.decay_bn_bias else optim.is_bias_or_norm
-    if config.optimizer == "adam":
-        inner = optim.Adam(params, lr=lr, weight_decay=config.weight_decay, no_decay=no_decay)
+    if config.optimizer in ("adam", "adamw"):
+        kind = optim.AdamW if config.optimizer == "adamw" else optim.Adam
+        inner = kind(params, lr=lr, betas=config.betas, weight_decay=config.weight_decay,
+                     no_decay=no_decay)
     else:
         inner = optim.SGD(params, lr=lr, momentum=config.momentum,
                              weight_decay=config.weight_decay, no_decay=no_decay)
@@ -148,7 +169,7 @@ def _build_optimizer(config, model, lr):
     return DistributedOptimizer(inner, model.named_parameters(), compression=compression,
                                 average=config.average, average_every=config.average_every,
                                 fusion_threshold_bytes=config.fusion_threshold_bytes,
-                                overlap=config.overlap,
+                                overlap=config.overlap, clip_grad_norm=config.clip_grad_norm,
                                 backward_passes_per_step=passes, **exact)
 
 
@@ -174,6 +195,11 @@ def _check_outputs(config, rank):
         return
     files = {"--metrics-json": config.metrics_json, "--save": config.save,
              "--timeline": config.timeline}
+    if config.tensorboard:
+        tensorboard.require()           # the optional package, before any work is done
+        if os.path.exists(config.tensorboard) and not os.path.isdir(config.tensorboard):
+            raise UsageError(f"--tensorboard {config.tensorboard}: exists and is not a folder")
+        _check_creatable("--tensorboard", os.path.abspath(config.tensorboard))
     for flag, path in files.items():
         if path:
             if os.path.isdir(path):
@@ -256,7 +282,7 @@ def _start(config, signals=None):
     try:
         _check_same_launch(config)
         backend = _agree(_backend, config)
-        train_set, test_set = _agree(_datasets, config)
+        train_set, test_set = _agree(_datasets, config, size)
         _agree(_check_sizes, config, train_set, test_set, size)
         _agree(_check_outputs, config, rank)
         model = _build_model(config, train_set, backend)
@@ -280,6 +306,7 @@ def _start(config, signals=None):
 
     # From here on the job is valid: files may be written.
     outputs.open_metrics(config.metrics_json, append=checkpoint is not None)
+    outputs.open_tensorboard(config.tensorboard)
     if rank == 0:
         _warn_dropped(config, len(train_set), trainer.global_batch)
         resolved = config.replace(threads=n_threads)     # what 0 (the default) came to

@@ -44,7 +44,8 @@ COMM = {
 }
 # The text a field's variable takes when the field has a grammar of its own (flag_type).
 CUSTOM = {"hidden": ("8,4", (8, 4)), "lr_milestones": ("2,3", (2, 3)),
-          "augment": ("flip,crop", "crop,flip"), "preempt_signals": ("usr1,sigterm", "TERM,USR1")}
+          "augment": ("flip,crop", "crop,flip"), "preempt_signals": ("usr1,sigterm", "TERM,USR1"),
+          "betas": ("0.9,0.99", (0.9, 0.99))}
 
 
 def _config_table():

@@ -89,6 +89,6 @@ def test_the_lr_is_a_function_of_the_position_alone():
     for _ in range(3):
         a.advance(8)
     b.step, b.epoch, b.position = 3, 1, 8            # what a resume restores
-    assert a.lr(0.1, schedule) == b.lr(0.1, schedule)
+    assert a.lr(schedule) == b.lr(schedule)
     fresh = Progress(config, n_train=16, global_batch=8)
-    assert fresh.lr(0.1, schedule) == pytest.approx(0.1 * 0.25 * schedule.decay(0))
+    assert fresh.lr(schedule) == pytest.approx(0.1 * 0.25 * schedule.decay(0))
