@@ -61,12 +61,12 @@ def _backend(config):
     return backend
 
 
-def _datasets(config, size):
+def _datasets(config):
     """(train, test) with --normalize applied to both (statistics of the training set only);
     for --dataset text: the training windows and the validation windows (--eval-batches global
     batches of them, drawn from --seed alone)."""
     if config.dataset.startswith("text:"):
-        return _text_datasets(config, size)
+        return _text_datasets(config, comm.size())
     train_set, test_set = _raw_datasets(config)
     if config.normalize == "train":
         mean, std = data.channel_stats(train_set)  # bitwise the same on every rank
@@ -282,7 +282,7 @@ def _start(config, signals=None):
     try:
         _check_same_launch(config)
         backend = _agree(_backend, config)
-        train_set, test_set = _agree(_datasets, config, size)
+        train_set, test_set = _agree(_datasets, config)
         _agree(_check_sizes, config, train_set, test_set, size)
         _agree(_check_outputs, config, rank)
         model = _build_model(config, train_set, backend)
