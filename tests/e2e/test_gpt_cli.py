@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support.launch import run_mpitrain
+from tests.support.tensorboard_events import read_scalars
 from tests.support.texts import text_file
 
 GPT = ["--model", "gpt", "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size",
@@ -34,7 +35,7 @@ def test_gpt_trains_on_a_text_file_and_prints_a_sample(tmp_path):
     text = text_file(tmp_path)
     p = mpitrain(2, *GPT, "--dataset", f"text:{text}", "--batch-size", "4", "--steps", "60",
                  "--seed", "1", "--metrics-json", "m.jsonl", "--sample", "80",
-                 "--temperature", "0", cwd=tmp_path)
+                 "--temperature", "0", "--tensorboard", "tb", cwd=tmp_path)
     summary = records(tmp_path / "m.jsonl", "summary")[-1]
     vocab = len(set(text.read_text()))
     assert summary["val_loss"] < 0.6 * math.log(vocab)          # uniform guess: log(V)
@@ -42,6 +43,11 @@ def test_gpt_trains_on_a_text_file_and_prints_a_sample(tmp_path):
     assert "test_accuracy" not in summary and 0 < summary["val_accuracy"] <= 1
     steps = records(tmp_path / "m.jsonl", "step")
     assert all(r["grad_norm"] > 0 and r["tokens_per_sec"] > 0 for r in steps)
+    scalars = read_scalars(tmp_path / "tb")           # the same records, as TensorBoard's
+    logged = {(tag, step) for tag, _, step in scalars}
+    assert {("train/loss", r["step"]) for r in steps} <= logged
+    evals = records(tmp_path / "m.jsonl", "eval")
+    assert evals and {("eval/val_loss", r["step"]) for r in evals} <= logged
     assert "sample (80 tokens, temperature 0)" in p.stdout
     sample = p.stdout.split("temperature 0):\n", 1)[1]
     assert len(sample.rstrip("\n")) >= 40 and set(sample) <= set(text.read_text()) | {"\n"}

@@ -9,4 +9,7 @@ another test file and none edits sys.path: what two suites share lives here.
 - training_cases.py  two-step trainings: a device backend vs the CPU
 - gradcheck.py       finite-difference gradient checks of layers and modules
 - launch.py          the environment and paths for launching mpitrain under mpiexec (e2e)
+- transformer_cases.py  the transformer kernels' cases: the device backends vs the CPU kernel
+- texts.py           small generated text files for the GPT tests
+- tensorboard_events.py  the scalars of a TensorBoard event file, read back
 """
