@@ -121,7 +121,8 @@ class Config:
     model: str = _opt("mlp", "model from the zoo", choices=MODELS)
     hidden: Optional[tuple] = _opt(None, "MLP hidden widths, e.g. 256,128 (default: the zoo's)",
                                    flag_type=parse_hidden)
-    dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model "
+    dropout: float = _opt(0.0, "dropout probability before the output layer of the zoo model; "
+                               "--model gpt: on the embeddings, attention and residuals "
                                "(0 = none)")
     sync_bn: bool = _opt(False, "SyncBatchNorm: BatchNorm statistics of the global batch "
                                 "(two small allreduces per BatchNorm layer and step) instead of "
