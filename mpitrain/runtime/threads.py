@@ -22,6 +22,17 @@ libraries not loaded yet and for child processes) and resizes the pools already 
 ``numba.set_num_threads`` and the BLAS library's own ``*_set_num_threads`` found in the process's
 loaded libraries. The local size is read from the launcher's environment before MPI is involved.
 
+OpenBLAS's workers spin after each multi-threaded GEMM for 2**OPENBLAS_THREAD_TIMEOUT CPU cycles
+(28 by default: about 0.1 s; 30-60 ms of spinning measured here after one 1024^3 product) before
+they sleep, on the cores the next kernel -- the convolution's threads, or the other rank's work --
+wants. ``configure`` shortens that to 2**20 cycles (under a millisecond: they still spin between
+the GEMMs of one layer) unless the user set the variable: it exports it, has the loaded OpenBLAS
+re-read its environment and restarts its pool, which reads the timeout when it starts
+(``openblas_read_env``, ``blas_thread_shutdown_``; the pool comes back at the next multi-threaded
+GEMM). A GEMM split over sleeping workers wakes them; it is split the same way, so results do not
+change. One rank, 2 threads, the GPT "baby" step, same-run rounds: 304 -> 211 ms median with the
+2 cores overloaded, 37.5 -> 36.6 ms at load ~1.3 (docs/benchmarks.md, "Two threads a rank").
+
 ``mt.init()`` applies the same budget (``init(threads=...)``; ``MPITRAIN_THREADS``), so a user's own
 loop gets the CLI's fast default: measured at N=2 on 2 cores, a loop left with a BLAS pool per rank
 as wide as the machine ran ~320 ms/step against 22-28 ms with one thread per rank.
@@ -40,6 +51,9 @@ _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_th
                  "MKL_Set_Num_Threads")
 _BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
                  "openblas_get_num_threads64_", "openblas_get_num_threads", "MKL_Get_Max_Threads")
+# OpenBLAS: spin 2**BLAS_SPIN cycles after a GEMM before sleeping (see above; 4..30, default 28).
+BLAS_SPIN = 20
+_spin_exported = None       # the value configure exported (a user's own setting is left alone)
 env.declare("MPITRAIN_THREADS")
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE")
@@ -86,6 +100,7 @@ def configure(threads=0, local_size=None):
     for key in _ENV_VARS:
         os.environ[key] = str(n)
     numba.set_num_threads(1)
+    _shorten_blas_spin()
     _set_blas_threads(n)
     cpu_conv.THREADS = n
     return n
@@ -118,6 +133,43 @@ def _blas_functions(symbols):
 def _set_blas_threads(n):
     for setter in _blas_functions(_BLAS_SETTERS):
         setter(ctypes.c_int(n))
+
+
+def _shorten_blas_spin():
+    """OpenBLAS's workers sleep 2**BLAS_SPIN cycles after a GEMM instead of 2**28 (see above),
+    unless OPENBLAS_THREAD_TIMEOUT was set by the user; restarts the pool only when the value
+    changes."""
+    global _spin_exported
+    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    if value is not None and value != _spin_exported:
+        return
+    _spin_exported = str(BLAS_SPIN)
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = _spin_exported
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if not all(hasattr(lib, s) for s in ("openblas_read_env", "openblas_thread_timeout",
+                                              "blas_thread_shutdown_")):
+            continue
+        before = lib.openblas_thread_timeout()
+        lib.openblas_read_env()
+        if lib.openblas_thread_timeout() != before:
+            lib.blas_thread_shutdown_()     # its next GEMM starts the pool, with the new timeout
+
+
+def blas_spin():
+    """The OpenBLAS thread timeout read from the environment (log2 of cycles; 0: its default),
+    None if no OpenBLAS is loaded; for tests and logs."""
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if hasattr(lib, "openblas_thread_timeout"):
+            return int(lib.openblas_thread_timeout())
+    return None
 
 
 def blas_threads():

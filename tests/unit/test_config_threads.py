@@ -106,3 +106,29 @@ def test_init_applies_the_budget_to_a_users_own_loop():
             assert int(blas) == want_blas, line
     assert "init(threads=-1)" in lines[4] and "init(threads=1.5)" in lines[5]
     assert lines[6].startswith("error MPITRAIN_THREADS='many'")
+
+
+def _spin_after_configure(extra_env):
+    """OPENBLAS_THREAD_TIMEOUT and the live OpenBLAS's timeout after configure(2), in a fresh
+    process (the variable is read once per pool start)."""
+    code = ("import os, numpy as np\n"
+            "from mpitrain.runtime import threads\n"
+            "a = np.ones((512, 512), np.float32); a @ a\n"       # start the pool first
+            "threads.configure(2)\n"
+            "a @ a\n"
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), threads.blas_spin())\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env.update(extra_env)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_configure_shortens_openblas_spinning_unless_the_user_set_it():
+    exported, live = _spin_after_configure({})
+    assert exported == str(threads.BLAS_SPIN)
+    if live != "None":                                   # an OpenBLAS is loaded: it took it
+        assert int(live) == threads.BLAS_SPIN
+    exported, live = _spin_after_configure({"OPENBLAS_THREAD_TIMEOUT": "25"})
+    assert exported == "25" and live in ("25", "None")
