@@ -128,8 +128,8 @@ def pytorch(args, corpus):
     torch.set_num_threads(1)
     r, g = RECIPE, RECIPE["global_batch"]
     kw = dict(block_size=r["block_size"], tokens="chars", seed=args.seed)
-    train = mt.data.TextDataset(corpus, "train", **kw)
-    val = mt.data.TextDataset(corpus, "val", windows=args.eval_batches * g, **kw)
+    train = mt.data.TextDataset(corpus, split="train", **kw)
+    val = mt.data.TextDataset(corpus, split="val", windows=args.eval_batches * g, **kw)
     ours_init = mt.models.get("gpt", vocab_size=train.vocab_size, block_size=r["block_size"],
                               n_layer=r["n_layer"], n_head=r["n_head"], n_embd=r["n_embd"],
                               seed=args.seed)

@@ -9,7 +9,7 @@
     aug = mt.data.Augment(crop_padding=2, flip=True, seed=0, fill=ds.fill)
     x = aug(ds.images[idx], idx, epoch)             # crop + flip keyed by (seed, epoch, index)
     train, test = mt.data.load_npz("mine.npz")      # x float32 (N, ...), y int (N,): memmapped
-    ds = mt.data.TextDataset("input.txt", "train", block_size=64)   # next-token windows:
+    ds = mt.data.TextDataset("input.txt", block_size=64)   # next-token windows:
     x, y = ds.images[idx], ds.labels[idx]           # int64 (len(idx), 64), y = x shifted by one
     python -m mpitrain.data fetch tiny-shakespeare  # then TextDataset("tiny-shakespeare")
 

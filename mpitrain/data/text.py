@@ -1,6 +1,6 @@
 """TextDataset: a text file as next-token windows for a language model (the GPT's data).
 
-    ds = mt.data.TextDataset("input.txt", split="train", block_size=64)   # character level
+    ds = mt.data.TextDataset("input.txt", 64)        # block_size 64, character level, train
     x, y = ds.images[idx], ds.labels[idx]       # int64 (len(idx), 64): tokens s..s+63, s+1..s+64
     ds.vocab_size, ds.encode("To be"), ds.decode(ids)
     ds = mt.data.TextDataset("tiny-shakespeare")   # a catalog text, after `fetch tiny-shakespeare`
@@ -266,9 +266,9 @@ class TextDataset:
     """Next-token windows of a text file (see the module docstring).
 
     path: a text file, or a catalog text's name ("tiny-shakespeare") once fetched.
-    split: "train" (the first 90% of the tokens) or "val" (the rest).
     block_size: tokens per sample (T); each window spans T + 1 tokens.
     tokens: "chars" (UTF-8 characters, vocabulary from the file) or "bytes" (256).
+    split: "train" (the first 90% of the tokens) or "val" (the rest).
     seed: keys the window starts with the split (never the rank).
     windows: samples in the dataset (default n_split // block_size).
     cache_dir: where the token cache lives (default: beside the file, else the user cache).
@@ -280,7 +280,7 @@ class TextDataset:
 
     fill = None
 
-    def __init__(self, path, split="train", block_size=64, tokens="chars", seed=0,
+    def __init__(self, path, block_size=64, tokens="chars", split="train", seed=0,
                  windows=None, cache_dir=None):
         if tokens not in TOKENIZATIONS:
             raise DataError(f"{path}: unknown tokens {tokens!r}; use 'chars' or 'bytes'")

@@ -79,8 +79,8 @@ def _text_datasets(config, size):
     path = config.dataset.removeprefix("text:")
     kw = dict(block_size=config.block_size, tokens=config.tokens, seed=config.seed)
     global_batch = config.batch_size * size * config.accumulate
-    return (data.TextDataset(path, "train", **kw),
-            data.TextDataset(path, "val", windows=config.eval_batches * global_batch, **kw))
+    return (data.TextDataset(path, split="train", **kw),
+            data.TextDataset(path, split="val", windows=config.eval_batches * global_batch, **kw))
 
 
 def _raw_datasets(config):

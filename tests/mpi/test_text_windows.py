@@ -48,7 +48,7 @@ def corpus():
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_ranks_read_the_global_batch(corpus, tokens, split):
     mt.barrier()
-    ds = TextDataset(corpus, split, block_size=T, tokens=tokens, seed=4, windows=WINDOWS)
+    ds = TextDataset(corpus, split=split, block_size=T, tokens=tokens, seed=4, windows=WINDOWS)
     mt.barrier()
     assert not list(corpus.parent.rglob("*.part"))
     every = mt.allgather_object((ds.checksum, ds.vocab, ds.starts(np.arange(len(ds))).tolist()))

@@ -64,6 +64,11 @@ def leftovers(folder):
     return sorted(p.name for p in folder.rglob("*.part"))
 
 
+def test_positional_arguments_are_path_block_size_tokens(corpus):
+    ds = TextDataset(corpus, 8, "bytes")
+    assert (ds.block_size, ds.tokens, ds.split, ds.vocab_size) == (8, "bytes", "train", 256)
+
+
 def test_chars_tokens_vocab_and_roundtrip(corpus):
     ds = TextDataset(corpus, block_size=8)
     ids, vocab = reference_ids(TEXT)
@@ -82,7 +87,7 @@ def test_bytes_tokens_any_bytes(home):
     path = home / "blob.bin"
     data = bytes(range(256)) * 3 + b"\xff\xfe\x80"
     path.write_bytes(data)
-    ds = TextDataset(path, "val", block_size=4, tokens="bytes")
+    ds = TextDataset(path, split="val", block_size=4, tokens="bytes")
     assert ds.vocab is None and ds.vocab_size == ds.classes == 256
     np.testing.assert_array_equal(ds.data, np.frombuffer(data, np.uint8)[int(len(data) * 0.9):])
     np.testing.assert_array_equal(ds.encode("é"), [0xC3, 0xA9])
@@ -113,7 +118,7 @@ def test_window_starts_depend_on_seed_split_and_index_only(corpus):
     a = TextDataset(corpus, block_size=8, seed=1, windows=500)
     b = TextDataset(corpus, block_size=8, seed=1, windows=500)
     c = TextDataset(corpus, block_size=8, seed=2, windows=500)
-    v = TextDataset(corpus, "val", block_size=8, seed=1, windows=500)
+    v = TextDataset(corpus, split="val", block_size=8, seed=1, windows=500)
     idx = np.arange(500)
     starts = a.starts(idx)
     np.testing.assert_array_equal(starts, b.starts(idx))
@@ -138,8 +143,8 @@ def test_window_starts_are_the_same_in_another_process(corpus):
 
 def test_split_sizes_and_windows_default(corpus):
     ids, _ = reference_ids(TEXT)
-    train = TextDataset(corpus, "train", block_size=10)
-    val = TextDataset(corpus, "val", block_size=10)
+    train = TextDataset(corpus, split="train", block_size=10)
+    val = TextDataset(corpus, split="val", block_size=10)
     assert len(train.data) == int(len(ids) * 0.9) and len(train.data) + len(val.data) == len(ids)
     assert len(train) == len(train.data) // 10 and len(val) == len(val.data) // 10
     assert len(TextDataset(corpus, block_size=10, windows=3)) == 3
@@ -154,7 +159,7 @@ def test_cache_is_reused_and_saved_beside_the_file(corpus, monkeypatch):
     calls = []
     real = text_mod._tokenize
     monkeypatch.setattr(text_mod, "_tokenize", lambda *a: calls.append(1) or real(*a))
-    ds = TextDataset(corpus, "val", block_size=8)
+    ds = TextDataset(corpus, split="val", block_size=8)
     assert calls == [] and ds.vocab == meta["vocab"]
     TextDataset(corpus, block_size=8, tokens="bytes")                    # another cache file
     assert calls == [1] and (folder / "bytes.npy").is_file()
