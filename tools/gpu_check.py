@@ -19,14 +19,19 @@ The steps, in order (each run is a subprocess with its own timeout):
                 2 ranks sharing the GPU; NCCL with one rank per GPU (needs >= 2 GPUs); references
                 cupy.cuda.nccl / torch all_reduce in the same run
     timeline    mpiexec -n 2 python -m mpitrain --device cuda --timeline: trace + per-rank summary
+    gpt         benchmarks/gpt_step.py --device cuda, both flavours: one GPT training step (6
+                layers, 6 heads, 384 wide, block 256, batch 64) against PyTorch CUDA's (the same
+                model and weights, TF32 off) when torch sees the GPU; first-batch losses
+                agree (last: the budget goes to the earlier steps first)
 
 --quick (about 3 minutes, budget 180 s instead of 540 s): lenet only in train, tests-1 without
-the CLI test (train does that comparison), batch 64 only, fewer rounds, smaller memcpy and
-allreduce sizes, the host transport only. A run starts only if its usual time (else its timeout)
-fits in what is left of the budget; the rest, and a run the budget cuts off, are skipped
-("time budget spent"); --only/--skip pick steps, so a second call can do the rest. A run killed
-by its own timeout failed. Every run shares one Numba cache (NUMBA_CACHE_DIR, in the temp dir
-unless set), so the kernels and train steps compile what the timed steps then load.
+the CLI test (train does that comparison), batch 64 only, fewer rounds and steps (step, gpt),
+smaller memcpy and allreduce sizes, the host transport only. A run starts only if its usual
+time (else its timeout) fits in what is left of the budget; the rest, and a run the budget cuts
+off, are skipped ("time budget spent"); --only/--skip pick steps, so a second call can do the
+rest. A run killed by its own timeout failed. Every run shares one Numba cache
+(NUMBA_CACHE_DIR, in the temp dir unless set), so the kernels and train steps compile what the
+timed steps then load.
 
 Before planning, a probe compiles and runs one 4-element kernel per flavour (CuPy: NVRTC;
 Numba: NVVM): a flavour that cannot is one "flavour unusable: reason" line, and its runs and
@@ -63,10 +68,13 @@ from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = ("nvidia-smi", "kernels", "train", "tests-1", "tests-2", "memcpy", "step", "allreduce",
-         "timeline")
+         "timeline", "gpt")
 MODELS = ("mlp", "lenet", "cifar_cnn", "resnet20")
 FLAVOURS = ("cupy", "numba")
 TOL = dict(rtol=1e-3, atol=1e-5)      # float32 rounding over 3 steps, as tests/gpu
+# the GPU-sized GPT of the gpt step (benchmarks/gpt_step.py flags)
+GPT_CONFIG = ("--batch", "64", "--block-size", "256", "--n-layer", "6", "--n-head", "6",
+              "--n-embd", "384", "--vocab", "65")
 KERNEL_TESTS = "tests/gpu/test_gpu_kernels.py"
 
 
@@ -360,6 +368,20 @@ def plan_step(p):
         yield Run("torch", [], 0, skip=f"no PyTorch CUDA: {p.torch}")
 
 
+def plan_gpt(p):
+    # PyTorch in every flavour's run: the ratio is taken within each round, under the same load
+    for f in p.flavours:
+        path = p.w(f"gpt-{f}.json")
+        torch = [] if p.torch is None else ["--no-torch"]
+        yield Run(f + ("" if torch else " +torch"), p.script("gpt_step.py") + [
+            "--device", "cuda", "--kernels", f, *GPT_CONFIG, "--json", path] + torch +
+            (["--rounds", "2", "--steps", "5", "--warmup", "2"] if p.quick else
+             ["--rounds", "3", "--steps", "10"]), 240, expect=45 if p.quick else 90,
+            check=lambda path=path: gpt_summary(path))
+    if p.flavours and p.torch is not None:
+        yield Run("torch", [], 0, skip=f"no PyTorch CUDA: {p.torch}")
+
+
 def plan_allreduce(p):
     bench = p.script("allreduce_device.py") + [
         "--kernels", "cupy" if "cupy" in p.flavours else (p.flavours or ["numba"])[0]] + (
@@ -386,7 +408,8 @@ def plan_timeline(p):
 
 
 PLANNERS = dict(zip(STEPS, (plan_nvidia_smi, plan_kernels, plan_train, plan_tests_1,
-                            plan_tests_2, plan_memcpy, plan_step, plan_allreduce, plan_timeline)))
+                            plan_tests_2, plan_memcpy, plan_step, plan_allreduce, plan_timeline,
+                            plan_gpt)))
 MULTI_RANK = ("tests-2", "allreduce", "timeline")
 
 
@@ -496,6 +519,20 @@ def step_summary(path):
     return {r["model"]: {k: r.get(k) for k in ("batch", "kernels", "blas_gflops", "torch_step_ms")}
             | {"step_ms": r["best"]["step_ms"], "gflops": r["best"]["gflops"]}
             for r in doc["results"]}
+
+
+def gpt_summary(path, rtol=TOL["rtol"]):
+    """benchmarks/gpt_step.py's JSON (per-round times left out); CheckFailed if ours and
+    PyTorch's first-batch losses (same weights, same batch) differ by more than ``rtol``."""
+    doc = read_json(path)
+    out = {k: v for k, v in doc.items() if k != "rounds"}
+    if "torch_loss" in doc:
+        diff = abs(doc["ours_loss"] - doc["torch_loss"])
+        out["loss_rel_diff"] = diff / max(abs(doc["torch_loss"]), 1e-30)
+        if not diff <= rtol * abs(doc["torch_loss"]):
+            raise CheckFailed(f"first-batch loss: ours {doc['ours_loss']:.6f}, PyTorch "
+                              f"{doc['torch_loss']:.6f} (rtol {rtol})", out)
+    return out
 
 
 # --- running it --------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def test_full_plan_with_everything_on_one_gpu():
     assert set(step) == {"cupy batch 64 +torch", "cupy batch 256 +torch", "numba batch 64",
                          "numba batch 256"}
     assert "--torch" in step["cupy batch 64 +torch"].argv
+    assert set(runs_of(steps["gpt"])) == {"cupy +torch", "numba +torch"}
     ar = runs_of(steps["allreduce"])
     assert ar["host 2 ranks, shared GPU"].env == {"MPITRAIN_DEVICE_COMM": "host"}
     assert ar["mpi 2 ranks, shared GPU"].argv[:3] == ["/x/mpiexec", "-n", "2"]
@@ -132,7 +133,7 @@ def test_no_mpiexec_skips_the_multi_rank_steps_with_the_reason():
     steps = steps_of(facts(mpiexec=None, mpiexec_tried=["no mpich wheel in .whl/"]))
     for name in ("tests-2", "allreduce", "timeline"):
         assert steps[name].skip.startswith("no mpiexec that runs 2 ranks (no mpich wheel")
-    for name in ("kernels", "train", "tests-1", "memcpy", "step"):
+    for name in ("kernels", "train", "tests-1", "memcpy", "step", "gpt"):
         assert steps[name].skip is None
     argv = steps["tests-1"].runs[0].argv            # the CLI test's 2-rank case is left out
     assert argv[argv.index("-k") + 1] == "not (test_cli_matches_cpu and 2])"
@@ -145,6 +146,7 @@ def test_no_cupy_runs_numba_only_and_says_why():
     assert "No module named 'cupy'" in train["lenet cuda-cupy"].skip
     assert train["lenet cuda-numba"].skip is None
     assert set(runs_of(steps["step"])) == {"numba batch 64 +torch", "numba batch 256 +torch"}
+    assert set(runs_of(steps["gpt"])) == {"numba +torch"}
     host = runs_of(steps["allreduce"])["host 2 ranks, shared GPU"].argv
     assert host[host.index("--kernels") + 1] == "numba"
     memcpy = steps["memcpy"].runs[0].argv
@@ -158,6 +160,35 @@ def test_no_flavour_and_no_torch():
     step = runs_of(steps_of(facts(torch="ModuleNotFoundError: torch"))["step"])
     assert step["torch"].skip == "no PyTorch CUDA: ModuleNotFoundError: torch"
     assert not any("--torch" in r.argv for r in step.values())
+
+
+GPT = ["--batch", "64", "--block-size", "256", "--n-layer", "6", "--n-head", "6",
+       "--n-embd", "384", "--vocab", "65"]
+
+
+def test_gpt_step_times_each_flavour_against_pytorch_cuda():
+    gpt = runs_of(steps_of(facts())["gpt"])
+    assert list(gpt) == ["cupy +torch", "numba +torch"]
+    for f in ("cupy", "numba"):
+        run = gpt[f"{f} +torch"]
+        assert run.argv == ["py", f"{ROOT}/benchmarks/gpt_step.py", "--device", "cuda",
+                            "--kernels", f] + GPT + ["--json", f"/w/gpt-{f}.json", "--rounds",
+                                                     "3", "--steps", "10"]
+        assert run.skip is None and 0 < run.expect < run.timeout
+    quick = runs_of(steps_of(facts(), "--quick")["gpt"])["numba +torch"]
+    assert quick.argv[-6:] == ["--rounds", "2", "--steps", "5", "--warmup", "2"]
+    assert quick.expect < gpt["numba +torch"].expect
+    # a torch that does not see the GPU: ours alone, and the comparison skipped with the reason
+    alone = runs_of(steps_of(facts(torch="torch.cuda.is_available() is False"))["gpt"])
+    assert set(alone) == {"cupy", "numba", "torch"}
+    assert "--no-torch" in alone["numba"].argv and "--no-torch" not in gpt["numba +torch"].argv
+    assert alone["torch"].skip == "no PyTorch CUDA: torch.cuda.is_available() is False"
+    nvrtc = "a 4-element test kernel failed: RuntimeError: no NVRTC"
+    numba_only = steps_of(facts(flavours={"cupy": nvrtc, "numba": None}))["gpt"]
+    assert [r.name for r in numba_only.runs] == ["numba +torch"]
+    none = steps_of(facts(flavours={"cupy": "no CuPy", "numba": "no device"}))["gpt"]
+    assert none.skip == "no usable CUDA kernel flavour (cupy: no CuPy; numba: no device)"
+    assert steps_of(facts(), "--skip", "gpt")["gpt"].skip == "not selected (--only/--skip)"
 
 
 def test_a_flavour_that_cannot_compile_leaves_its_tests_out_with_the_reason():
@@ -335,8 +366,9 @@ def test_a_run_starts_only_if_it_fits_and_a_budget_cut_off_is_skipped(tmp_path):
 
 def test_planned_runs_expect_less_than_their_timeout():
     steps = steps_of(facts())
-    assert list(gc.STEPS).index("step") > list(gc.STEPS).index("train") > \
-        list(gc.STEPS).index("kernels")                 # the JIT is warm before the timed step
+    assert list(gc.STEPS).index("gpt") == len(gc.STEPS) - 1   # after the checks it may crowd out
+    assert list(gc.STEPS).index("step") > \
+        list(gc.STEPS).index("train") > list(gc.STEPS).index("kernels")   # a warm JIT cache
     runs = [r for s in steps.values() for r in s.runs]
     assert all(r.expect is None or 0 < r.expect < r.timeout for r in runs)
     train = runs_of(steps["train"])
@@ -359,6 +391,25 @@ def test_compare_npz(tmp_path):
         gc.compare_npz(str(tmp_path / "names.npz"), str(tmp_path / "cpu.npz"))
     with pytest.raises(gc.CheckFailed, match="no CPU reference"):
         gc.compare_npz(str(tmp_path / "near.npz"), str(tmp_path / "missing.npz"))
+
+
+def test_gpt_summary_checks_the_first_batch_losses(tmp_path):
+    doc = dict(config={"batch": 64, "kernels": "cuda-numba"}, ours_loss=4.1744, ours_ms=80.0,
+               rounds=[{"ours_ms": 80.0, "torch_ms": 40.0, "ratio": 2.0}], torch_loss=4.1745,
+               torch_ms=40.0, ratio=2.0)
+    (tmp_path / "ok.json").write_text(json.dumps(doc))
+    got = gc.gpt_summary(str(tmp_path / "ok.json"))
+    assert "rounds" not in got and (got["ours_ms"], got["torch_ms"], got["ratio"]) == (80, 40, 2)
+    assert got["loss_rel_diff"] == pytest.approx(1e-4 / 4.1745)
+    (tmp_path / "far.json").write_text(json.dumps(dict(doc, ours_loss=4.3)))
+    with pytest.raises(gc.CheckFailed, match=r"first-batch loss: ours 4.300000, PyTorch 4.174500"):
+        gc.gpt_summary(str(tmp_path / "far.json"))
+    (tmp_path / "nan.json").write_text(json.dumps(dict(doc, ours_loss=float("nan"))))
+    with pytest.raises(gc.CheckFailed, match="ours nan"):
+        gc.gpt_summary(str(tmp_path / "nan.json"))
+    alone = {k: v for k, v in doc.items() if not k.startswith(("torch", "ratio"))}
+    (tmp_path / "alone.json").write_text(json.dumps(alone))
+    assert gc.gpt_summary(str(tmp_path / "alone.json"))["ours_ms"] == 80.0
 
 
 def junit_file(path, cases):
@@ -433,5 +484,31 @@ def test_dry_run_with_a_fake_gpu_writes_the_plan(tmp_path):
     # no real device here: every CUDA step is skipped with both flavours' reasons
     assert steps["train"]["status"] == "skipped"
     assert "no usable CUDA kernel flavour (cupy:" in steps["train"]["reason"]
+    assert steps["gpt"]["status"] == "skipped"
+    assert steps["gpt"]["reason"] == steps["train"]["reason"]
     assert (out / "gpu-check.log").exists()
     assert not os.path.exists(doc["work_dir"])          # scratch removed, also after a dry run
+
+
+def test_dry_run_on_the_simulator_lists_the_gpt_command_lines(tmp_path):
+    """NUMBA_ENABLE_CUDASIM=1: the probe finds the Numba flavour usable, so the report lists the
+    gpt step's run with its whole command; without a torch that sees a GPU, ours alone."""
+    bin_dir = fake_smi(tmp_path)
+    out = tmp_path / "out"
+    res = run_script(["--dry-run", "--only", "gpt", "--out", str(out)], f"{bin_dir}{os.pathsep}"
+                     f"{os.environ.get('PATH', '')}", tmp_path, NUMBA_ENABLE_CUDASIM="1")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((out / "report.json").read_text())
+    if doc["facts"]["flavours"]["numba"] is not None:
+        pytest.skip(f"numba flavour unusable here: {doc['facts']['flavours']['numba']}")
+    gpt = next(s for s in doc["steps"] if s["name"] == "gpt")
+    assert gpt["status"] == "planned"
+    runs = {r["name"]: r for r in gpt["runs"]}
+    torch = "" if doc["facts"]["torch"] is None else " --no-torch"
+    numba = runs["numba" + (" +torch" if not torch else "")]
+    assert numba["cmd"] == (f"{sys.executable} {ROOT}/benchmarks/gpt_step.py --device cuda "
+                            f"--kernels numba {' '.join(GPT)} --json {doc['work_dir']}/"
+                            f"gpt-numba.json{torch} --rounds 3 --steps 10")
+    assert numba["skip"] is None and numba["timeout_s"] == 240
+    if torch:
+        assert runs["torch"]["skip"] == f"no PyTorch CUDA: {doc['facts']['torch']}"
