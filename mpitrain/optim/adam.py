@@ -36,9 +36,9 @@ class Adam(Optimizer):
         beta1, beta2 = betas
         for name, b in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= b < 1.0:
-                raise ValueError(f"Adam {name} must be in [0, 1), got {b!r}")
+                raise ValueError(f"{type(self).__name__} {name} must be in [0, 1), got {b!r}")
         if not eps > 0:
-            raise ValueError(f"Adam eps must be > 0, got {eps!r}")
+            raise ValueError(f"{type(self).__name__} eps must be > 0, got {eps!r}")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         self.beta1, self.beta2 = float(beta1), float(beta2)
@@ -51,6 +51,11 @@ class Adam(Optimizer):
         return (self.beta1, self.beta2)
 
     def _update(self, i, p):
-        self.kernels.adam_update(p.data, p.grad, self.state["exp_avg"][i],
-                                 self.state["exp_avg_sq"][i], self.lr, self.beta1, self.beta2,
-                                 self.eps, self.decay_of(i, self.weight_decay), self.steps)
+        self._kernel(p.data, p.grad, self.state["exp_avg"][i], self.state["exp_avg_sq"][i],
+                     self.lr, self.beta1, self.beta2, self.eps,
+                     self.decay_of(i, self.weight_decay), self.steps)
+
+    @property
+    def _kernel(self):
+        """The fused update: L2 decay added to the gradient (AdamW: decoupled decay)."""
+        return self.kernels.adam_update
