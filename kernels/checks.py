@@ -186,3 +186,129 @@ def shortcut(kind, x_shape, y_shape, stride, offset, names=("x", "y")):
                          f"{stride}, offset {offset}: expected {ny} (N, C2 >= {c + offset}, "
                          f"{oh}, {ow})")
     return stride, offset
+
+
+# Transformer kernels (kernels/<backend>/transformer.py) --------------------------------------
+# Every backend makes these checks alike. What stays with a backend: reading contiguity off its
+# array type (it calls ``contiguous`` with its answer), and what a bad token id does (the CPU
+# refuses it; the GPU, which would have to synchronise to look, gives a row of NaN). ``dtypes``:
+# also hold the arrays to the contract's dtypes (float32 or float64 alike, int32 or int64 ids),
+# which the GPU kernels are compiled for; the CPU's Numba kernels compile for what they get.
+
+_ID_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def contiguous(kind, name, a, c_contiguous):
+    """``a`` (called ``name``), which ``c_contiguous`` (the backend's reading of it) says is
+    C-contiguous."""
+    if not c_contiguous:
+        raise ValueError(f"{kind}: {name} must be C-contiguous, got strides {tuple(a.strides)}")
+    return a
+
+
+def floats(kind, ref, **arrays):
+    """``ref`` is float32 or float64 and every array of ``arrays`` has its dtype."""
+    if ref.dtype.char not in "fd":
+        raise ValueError(f"{kind}: expected float32 or float64 arrays, got {ref.dtype}")
+    for name, a in arrays.items():
+        if a.dtype != ref.dtype:
+            raise ValueError(f"{kind}: {name} is {a.dtype}, expected {ref.dtype}")
+
+
+def channel_rows(kind, name, shape):
+    """(n, C): the n rows of C channels of a (..., C) array called ``name``."""
+    shape = tuple(shape)            # a plain tuple: the simulator's shape refuses index -1
+    if not shape:
+        raise ValueError(f"{kind}: {name} must have a last axis of channels, got a 0-d array")
+    c = shape[-1]
+    n = 1
+    for d in shape:
+        n *= d
+    return (n // c if c else 0), c
+
+
+def embedding(kind, ids, weight, rows_name, rows, dtypes=False):
+    """ids (n tokens, any shape), weight (V, C) and the token rows (n, C), called
+    ``rows_name``."""
+    if dtypes:
+        floats(kind, weight, **{rows_name: rows})
+    w = tuple(weight.shape)
+    if len(w) != 2:
+        raise ValueError(f"{kind}: weight must be (V, C), got shape {w}")
+    if tuple(rows.shape) != (ids.size, w[1]):
+        raise ValueError(f"{kind}: ids of {ids.size} tokens and weight {w} need rows of shape "
+                         f"{(ids.size, w[1])}, got {tuple(rows.shape)}")
+    if (ids.dtype not in _ID_DTYPES) if dtypes else (np.dtype(ids.dtype).kind not in "iu"):
+        want = "int32 or int64" if dtypes else "integers"
+        raise ValueError(f"{kind}: ids must be {want}, got dtype {ids.dtype}")
+
+
+def layernorm(kind, rows, vectors, mean, rstd, dtypes=False):
+    """(n, C) of LayerNorm's arrays: ``rows`` maps names to (n, C) arrays (x first),
+    ``vectors`` names to (C,) ones; mean and rstd hold n values each (float32 or float64 alike
+    under ``dtypes``)."""
+    (_, x), *others = rows.items()
+    n, c = tuple(x.shape)
+    if dtypes:
+        floats(kind, x, **dict(others), **vectors)
+    same_shape(kind, (n, c), **dict(others))
+    same_shape(kind, (c,), **vectors)
+    for name, a in (("mean", mean), ("rstd", rstd)):
+        if a.size != n:
+            raise ValueError(f"{kind}: {name} must have {n} elements, got {a.size}")
+    if dtypes and (mean.dtype.char not in "fd" or rstd.dtype != mean.dtype):
+        raise ValueError(f"{kind}: mean and rstd must be float32 or float64 alike, got "
+                         f"{mean.dtype} and {rstd.dtype}")
+    return n, c
+
+
+def elementwise(kind, dtypes=False, **arrays):
+    """The keyword arrays (the first is the reference) have as many elements each."""
+    (ref_name, ref), *others = arrays.items()
+    if dtypes:
+        floats(kind, ref, **dict(others))
+    for name, a in others:
+        if a.size != ref.size:
+            raise ValueError(f"{kind}: {name} has {a.size} elements, {ref_name} {ref.size}")
+
+
+def heads(kind, x, out, rows_side, dtypes=False):
+    """(B, T, S, H, D) of a head layout change x -> out; ``rows_side`` ("x" or "out") names the
+    (B, T, S, H, D) side, the other is (S, B, H, T, D)."""
+    if dtypes:
+        floats(kind, x, out=out)
+    rows, other, other_name = (x, out, "out") if rows_side == "x" else (out, x, "x")
+    dims = tuple(rows.shape)
+    if len(dims) != 5:
+        raise ValueError(f"{kind}: {rows_side} must be (B, T, S, H, D), got {dims}")
+    b, t, s, h, d = dims
+    same_shape(kind, (s, b, h, t, d), **{other_name: other})
+    return dims
+
+
+def batched_gemm(a, b, out, trans_a, trans_b, dtypes=False):
+    """(G, M, N, K) of out[g] (M, N) = op(a[g]) (M, K) @ op(b[g]) (K, N), three 3-D arrays."""
+    a_shape, b_shape, out_shape = tuple(a.shape), tuple(b.shape), tuple(out.shape)
+    if len(a_shape) != 3 or len(b_shape) != 3 or len(out_shape) != 3:
+        raise ValueError(f"batched_gemm needs 3-D arrays, got {a_shape}, {b_shape} -> "
+                         f"{out_shape}")
+    if dtypes:
+        floats("batched_gemm", out, a=a, b=b)
+    op_a = (a_shape[0], a_shape[2], a_shape[1]) if trans_a else a_shape
+    op_b = (b_shape[0], b_shape[2], b_shape[1]) if trans_b else b_shape
+    g, m, k = op_a
+    if op_b[:2] != (g, k) or out_shape != (g, m, op_b[2]):
+        raise ValueError(f"batched_gemm shapes do not agree: {op_a} @ {op_b} -> {out_shape}")
+    return g, m, op_b[2], k
+
+
+def causal_scores(kind, dtypes=False, **arrays):
+    """(G, T) of the causal softmax's (G, T, T) keyword arrays, all of the first one's shape."""
+    (ref_name, ref), *others = arrays.items()
+    shape = tuple(ref.shape)
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise ValueError(f"{kind}: {ref_name} must be (G, T, T), got {shape}")
+    if dtypes:
+        floats(kind, ref, **dict(others))
+    same_shape(kind, shape, **dict(others))
+    return shape[0], shape[1]

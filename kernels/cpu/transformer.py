@@ -6,24 +6,34 @@ Every loop over rows is ``prange`` and every row is independent, so the results 
 whatever the number of Numba threads; the two reductions over rows (the embedding's scatter-add
 and LayerNorm's weight and bias gradients) run serially in increasing row order. Row statistics
 accumulate in float64. ``batched_gemm`` is BLAS through NumPy, one GEMM per group.
+
+The argument checks are the backends' common ones (kernels/checks.py), without the contract's
+dtypes (the Numba kernels compile for whatever they get). What is the CPU's own: a token id
+outside [0, V) is an error here (the GPU gives a row of NaN instead), and only the arrays the
+kernels walk flat or reshape must be C-contiguous.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from mpitrain.kernels.checks import flat, sizes_match
+from mpitrain.kernels import checks
 from mpitrain.kernels.cpu.arrays import add_flat
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
-def _rows2d(a, name):
-    """(R, C) view of a C-contiguous (..., C) array."""
-    if a.ndim < 1:
-        raise ValueError(f"{name} must have at least one axis, got shape {a.shape}")
-    c = a.shape[-1]
-    return flat(a, name).reshape((a.size // c if c else 0, c))
+def _contiguous(kind, name, a):
+    return checks.contiguous(kind, name, a, a.flags.c_contiguous)
+
+
+def _rows(kind, name, a):
+    """(n, C) view of a C-contiguous (..., C) array."""
+    return _contiguous(kind, name, a).reshape(checks.channel_rows(kind, name, a.shape))
+
+
+def _flat(kind, name, a):
+    return _contiguous(kind, name, a).reshape(-1)
 
 
 # Embedding -----------------------------------------------------------------------------------
@@ -52,28 +62,18 @@ def _embedding_backward(ids, grad_out, grad_weight):
             grad_weight[t, j] += grad_out[i, j]
 
 
-def _check_embedding(kind, ids, weight, rows):
-    if weight.ndim != 2:
-        raise ValueError(f"{kind}: weight must be (V, C), got shape {weight.shape}")
-    if rows.shape != (ids.size, weight.shape[1]):
-        raise ValueError(f"{kind}: ids of {ids.size} tokens and weight {weight.shape} need "
-                         f"rows of shape {(ids.size, weight.shape[1])}, got {rows.shape}")
-    if np.dtype(ids.dtype).kind not in "iu":
-        raise ValueError(f"{kind}: ids must be integers, got dtype {ids.dtype}")
-
-
 def embedding_forward(ids, weight, out):
     ids1 = ids.reshape(-1)
-    rows = _rows2d(out, "out")
-    _check_embedding("embedding_forward", ids1, weight, rows)
+    rows = _rows("embedding_forward", "out", out)                  # (n, C)
+    checks.embedding("embedding_forward", ids1, weight, "out", rows)
     if rows.size and _embedding_forward(ids1, weight, rows):
         raise ValueError(f"embedding_forward: token id out of range [0, {weight.shape[0]})")
 
 
 def embedding_backward(ids, grad_out, grad_weight):
     ids1 = ids.reshape(-1)
-    rows = _rows2d(grad_out, "grad_out")
-    _check_embedding("embedding_backward", ids1, grad_weight, rows)
+    rows = _rows("embedding_backward", "grad_out", grad_out)       # (n, C)
+    checks.embedding("embedding_backward", ids1, grad_weight, "grad_out", rows)
     if ids1.size and (ids1.min() < 0 or ids1.max() >= grad_weight.shape[0]):
         raise ValueError(f"embedding_backward: token id out of range "
                          f"[0, {grad_weight.shape[0]})")
@@ -139,30 +139,22 @@ def _layernorm_grad_params(grad_y, x, mean, rstd, grad_weight, grad_bias, accumu
             grad_bias[j] += g
 
 
-def _check_layernorm(kind, x, weight, bias, mean, rstd, *rows):
-    c = x.shape[1]
-    for name, a in (("weight", weight), ("bias", bias)):
-        if a.shape != (c,):
-            raise ValueError(f"{kind}: {name} must be ({c},), got {a.shape}")
-    for name, a in (("mean", mean), ("rstd", rstd)):
-        if a.size != x.shape[0]:
-            raise ValueError(f"{kind}: {name} must have {x.shape[0]} elements, got {a.size}")
-    for a in rows:
-        if a.shape != x.shape:
-            raise ValueError(f"{kind}: shapes differ ({a.shape} vs {x.shape})")
-
-
 def layernorm_forward(x, weight, bias, y, mean, rstd, eps):
-    x2, y2 = _rows2d(x, "x"), _rows2d(y, "y")
-    _check_layernorm("layernorm_forward", x2, weight, bias, mean, rstd, y2)
+    kind = "layernorm_forward"
+    x2, y2 = _rows(kind, "x", x), _rows(kind, "y", y)              # (n, C)
+    checks.layernorm(kind, dict(x=x2, y=y2), dict(weight=weight, bias=bias), mean, rstd)
     if x2.size:
         _layernorm_forward(x2, weight, bias, y2, mean.reshape(-1), rstd.reshape(-1), float(eps))
 
 
 def layernorm_backward(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias,
                        accumulate):
-    x2, gy, gx = _rows2d(x, "x"), _rows2d(grad_y, "grad_y"), _rows2d(grad_x, "grad_x")
-    _check_layernorm("layernorm_backward", x2, grad_weight, grad_bias, mean, rstd, gy, gx)
+    kind = "layernorm_backward"
+    x2, gy = _rows(kind, "x", x), _rows(kind, "grad_y", grad_y)    # (n, C)
+    gx = _rows(kind, "grad_x", grad_x)
+    checks.layernorm(kind, dict(x=x2, grad_y=gy, grad_x=gx),
+                     dict(weight=weight, grad_weight=grad_weight, grad_bias=grad_bias), mean,
+                     rstd)
     m1, r1 = mean.reshape(-1), rstd.reshape(-1)
     _layernorm_grad_params(gy, x2, m1, r1, grad_weight, grad_bias, bool(accumulate))
     if x2.size:
@@ -238,15 +230,16 @@ def _gelu_backward64(x, grad_out, grad_in):
 
 
 def gelu(x, out):
-    sizes_match(x, out)
+    checks.elementwise("gelu", x=x, out=out)
     fn = _gelu32 if x.dtype == np.float32 else _gelu64
-    fn(flat(x, "x"), flat(out, "out"))
+    fn(_flat("gelu", "x", x), _flat("gelu", "out", out))
 
 
 def gelu_backward(x, grad_out, grad_in):
-    sizes_match(x, grad_out, grad_in)
+    kind = "gelu_backward"
+    checks.elementwise(kind, x=x, grad_out=grad_out, grad_in=grad_in)
     fn = _gelu_backward32 if x.dtype == np.float32 else _gelu_backward64
-    fn(flat(x, "x"), flat(grad_out, "grad_out"), flat(grad_in, "grad_in"))
+    fn(_flat(kind, "x", x), _flat(kind, "grad_out", grad_out), _flat(kind, "grad_in", grad_in))
 
 
 # Head permutations ---------------------------------------------------------------------------
@@ -273,22 +266,20 @@ def _from_heads(x, out):
                         out[b, t, s, h, d] = x[s, b, h, t, d]
 
 
-def _check_heads(kind, x, out, perm):
-    if x.ndim != 5 or out.ndim != 5 or tuple(x.shape[p] for p in perm) != tuple(out.shape):
-        raise ValueError(f"{kind}: out {tuple(out.shape)} is not the permutation {perm} of x "
-                         f"{tuple(x.shape)}")
-    flat(x, "x")
-    flat(out, "out")
+def _heads(kind, x, out, rows_side):
+    checks.heads(kind, x, out, rows_side)
+    _contiguous(kind, "x", x)
+    _contiguous(kind, "out", out)
 
 
 def to_heads(x, out):
-    _check_heads("to_heads", x, out, (2, 0, 3, 1, 4))
+    _heads("to_heads", x, out, "x")
     if x.size:
         _to_heads(x, out)
 
 
 def from_heads(x, out):
-    _check_heads("from_heads", x, out, (1, 3, 0, 2, 4))
+    _heads("from_heads", x, out, "out")
     if x.size:
         _from_heads(x, out)
 
@@ -300,16 +291,9 @@ _scratch = {}
 
 
 def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
-    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3:
-        raise ValueError(f"batched_gemm needs 3-D arrays, got {a.shape}, {b.shape} -> "
-                         f"{out.shape}")
+    checks.batched_gemm(a, b, out, trans_a, trans_b)
     op_a = a.transpose(0, 2, 1) if trans_a else a
     op_b = b.transpose(0, 2, 1) if trans_b else b
-    g, m, k = op_a.shape
-    if (op_b.shape[0] != g or op_b.shape[1] != k
-            or out.shape != (g, m, op_b.shape[2])):
-        raise ValueError(f"batched_gemm shapes do not agree: {op_a.shape} @ {op_b.shape} -> "
-                         f"{out.shape}")
     if not accumulate:
         np.matmul(op_a, op_b, out=out)
         return
@@ -318,7 +302,7 @@ def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     if tmp is None:
         tmp = _scratch[key] = np.empty(out.shape, out.dtype)
     np.matmul(op_a, op_b, out=tmp)
-    add_flat(flat(out, "out"), tmp.reshape(-1))
+    add_flat(_flat("batched_gemm", "out", out), tmp.reshape(-1))
 
 
 # Causal softmax ------------------------------------------------------------------------------
@@ -364,22 +348,20 @@ def _causal_softmax_backward(probs, grad_probs, grad_scores, scale):
             grad_scores[g, i, j] = 0
 
 
-def _check_scores(kind, ref, *others):
-    if ref.ndim != 3 or ref.shape[1] != ref.shape[2]:
-        raise ValueError(f"{kind}: scores must be (G, T, T), got shape {ref.shape}")
-    for a in (ref,) + others:
-        if a.shape != ref.shape:
-            raise ValueError(f"{kind}: shapes differ ({a.shape} vs {ref.shape})")
-        flat(a, "scores")
+def _scores(kind, **arrays):
+    checks.causal_scores(kind, **arrays)
+    for name, a in arrays.items():
+        _contiguous(kind, name, a)
 
 
 def causal_softmax(scores, probs, scale):
-    _check_scores("causal_softmax", scores, probs)
+    _scores("causal_softmax", scores=scores, probs=probs)
     if scores.size:
         _causal_softmax(scores, probs, float(scale))
 
 
 def causal_softmax_backward(probs, grad_probs, grad_scores, scale):
-    _check_scores("causal_softmax_backward", probs, grad_probs, grad_scores)
+    _scores("causal_softmax_backward", probs=probs, grad_probs=grad_probs,
+            grad_scores=grad_scores)
     if probs.size:
         _causal_softmax_backward(probs, grad_probs, grad_scores, float(scale))

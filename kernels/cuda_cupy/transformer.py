@@ -10,11 +10,13 @@ the ids in order and adds every matching row of grad_out (no atomics: the same b
 in the contract's order). LayerNorm's weight and bias gradients: partial sums over chunks of
 _LN_CHUNK rows, then each column adds its chunks in order. No ids are checked on the device (that
 would synchronise with the host): an id outside [0, V) gives a row of NaN in the forward and is
-skipped by the gradient, and reads nothing out of bounds.
+skipped by the gradient, and reads nothing out of bounds. The argument checks are the backends'
+common ones (kernels/checks.py) with the contract's dtypes; every array must be C-contiguous.
 """
 import cupy as cp
 import numpy as np
 
+from mpitrain.kernels import checks
 from mpitrain.kernels.cuda_cupy.arrays import dev, flat
 
 try:                                            # cuBLAS itself, for the batched GEMM
@@ -30,38 +32,15 @@ _LN_CHUNK = 64              # rows per partial sum of LayerNorm's weight and bia
 
 def _c_contiguous(kind, **arrays):
     """Device arrays for ``arrays``, in order; ValueError naming one that is not C-contiguous."""
-    out = []
-    for name, a in arrays.items():
-        a = dev(a)
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{kind}: {name} must be C-contiguous, got strides {a.strides}")
-        out.append(a)
-    return out
-
-
-def _shape(kind, name, a, want):
-    if tuple(a.shape) != tuple(want):
-        raise ValueError(f"{kind}: {name} {tuple(a.shape)} != {tuple(want)}")
-
-
-def _floats(kind, ref, **arrays):
-    """``ref`` is float32 or float64 and every array of ``arrays`` has its dtype."""
-    if ref.dtype.char not in "fd":
-        raise ValueError(f"{kind}: expected float32 or float64 arrays, got {ref.dtype}")
-    for name, a in arrays.items():
-        if a.dtype != ref.dtype:
-            raise ValueError(f"{kind}: {name} is {a.dtype}, expected {ref.dtype}")
+    arrays = {name: dev(a) for name, a in arrays.items()}
+    return [checks.contiguous(kind, name, a, a.flags.c_contiguous) for name, a in arrays.items()]
 
 
 def _rows(kind, name, a):
     """(n, C) view of a C-contiguous (..., C) array."""
     a = dev(a)
-    if a.ndim < 1:
-        raise ValueError(f"{kind}: {name} must have a last axis of channels, got a 0-d array")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{kind}: {name} must be C-contiguous, got strides {a.strides}")
-    c = a.shape[-1]
-    return a.reshape(a.size // c if c else 0, c)
+    rows = checks.channel_rows(kind, name, a.shape)
+    return checks.contiguous(kind, name, a, a.flags.c_contiguous).reshape(rows)
 
 
 _CTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long"}
@@ -165,15 +144,7 @@ def _embedding_args(kind, ids, weight, rows_name, rows):
     """Flat ids (n,), weight (V, C) and the (n, C) view of the token rows."""
     ids, weight = _c_contiguous(kind, ids=ids, weight=weight)
     rows = _rows(kind, rows_name, rows)
-    _floats(kind, weight, **{rows_name: rows})
-    if weight.ndim != 2:
-        raise ValueError(f"{kind}: weight must be (V, C), got shape {tuple(weight.shape)}")
-    if tuple(rows.shape) != (ids.size, weight.shape[1]):
-        raise ValueError(f"{kind}: ids of {ids.size} tokens and weight {tuple(weight.shape)} "
-                         f"need rows of shape {(ids.size, weight.shape[1])}, got "
-                         f"{tuple(rows.shape)}")
-    if ids.dtype not in (np.int32, np.int64):
-        raise ValueError(f"{kind}: ids must be int32 or int64, got dtype {ids.dtype}")
+    checks.embedding(kind, ids, weight, rows_name, rows, dtypes=True)
     return ids.reshape(-1), weight, rows
 
 
@@ -296,28 +267,14 @@ def _layernorm_kernel(name, x, stats):
     return _kernel(_LAYERNORM_SRC, name, T=x.dtype, S=stats.dtype)
 
 
-def _layernorm_stats(kind, x, mean, rstd):
-    """Flat views of mean and rstd: one value per row of x, float32 or float64 alike."""
-    n = x.shape[0]
-    mean, rstd = _c_contiguous(kind, mean=mean, rstd=rstd)
-    for name, a in (("mean", mean), ("rstd", rstd)):
-        if a.size != n:
-            raise ValueError(f"{kind}: {name} must have {n} elements, got {a.size}")
-    if mean.dtype.char not in "fd" or rstd.dtype != mean.dtype:
-        raise ValueError(f"{kind}: mean and rstd must be float32 or float64 alike, got "
-                         f"{mean.dtype} and {rstd.dtype}")
-    return mean.reshape(-1), rstd.reshape(-1)
-
-
 def layernorm_forward(x, weight, bias, y, mean, rstd, eps):
     kind = "layernorm_forward"
     x, y = _rows(kind, "x", x), _rows(kind, "y", y)                 # (n, C)
-    weight, bias = _c_contiguous(kind, weight=weight, bias=bias)
-    n, c = x.shape
-    _floats(kind, x, weight=weight, bias=bias, y=y)
-    for name, a, want in (("weight", weight, (c,)), ("bias", bias, (c,)), ("y", y, x.shape)):
-        _shape(kind, name, a, want)
-    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    weight, bias, mean, rstd = _c_contiguous(kind, weight=weight, bias=bias, mean=mean,
+                                             rstd=rstd)
+    n, c = checks.layernorm(kind, dict(x=x, y=y), dict(weight=weight, bias=bias), mean, rstd,
+                            dtypes=True)
+    mean, rstd = mean.reshape(-1), rstd.reshape(-1)
     if c:
         _row_blocks(_layernorm_kernel("mpitrain_layernorm_forward", x, mean), n, c,
                     (x, weight, bias, y, mean, rstd, np.float64(eps), np.int64(n), np.int32(c)))
@@ -331,16 +288,12 @@ def layernorm_backward(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_
     kind = "layernorm_backward"
     x, grad_y, grad_x = _rows(kind, "x", x), _rows(kind, "grad_y", grad_y), _rows(
         kind, "grad_x", grad_x)                                     # (n, C)
-    weight, grad_weight, grad_bias = _c_contiguous(
-        kind, weight=weight, grad_weight=grad_weight, grad_bias=grad_bias)
-    n, c = x.shape
-    _floats(kind, x, grad_y=grad_y, weight=weight, grad_x=grad_x, grad_weight=grad_weight,
-            grad_bias=grad_bias)
-    for name, a, want in (("grad_y", grad_y, x.shape), ("grad_x", grad_x, x.shape),
-                          ("weight", weight, (c,)), ("grad_weight", grad_weight, (c,)),
-                          ("grad_bias", grad_bias, (c,))):
-        _shape(kind, name, a, want)
-    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    weight, grad_weight, grad_bias, mean, rstd = _c_contiguous(
+        kind, weight=weight, grad_weight=grad_weight, grad_bias=grad_bias, mean=mean, rstd=rstd)
+    n, c = checks.layernorm(kind, dict(x=x, grad_y=grad_y, grad_x=grad_x),
+                            dict(weight=weight, grad_weight=grad_weight, grad_bias=grad_bias),
+                            mean, rstd, dtypes=True)
+    mean, rstd = mean.reshape(-1), rstd.reshape(-1)
     if not c:
         return
     _row_blocks(_layernorm_kernel("mpitrain_layernorm_backward_x", x, mean), n, c,
@@ -383,13 +336,9 @@ _gelu_backward = cp.ElementwiseKernel(
 
 def _same_floats(kind, **arrays):
     """Flat views of same-sized arrays of one float dtype."""
-    names = list(arrays)
-    views = [flat(a) for a in arrays.values()]
-    _floats(kind, views[0], **dict(zip(names[1:], views[1:])))
-    for name, v in zip(names[1:], views[1:]):
-        if v.size != views[0].size:
-            raise ValueError(f"{kind}: {name} has {v.size} elements, {names[0]} {views[0].size}")
-    return views
+    views = {name: flat(a) for name, a in arrays.items()}
+    checks.elementwise(kind, dtypes=True, **views)
+    return list(views.values())
 
 
 def gelu(x, out):
@@ -427,14 +376,7 @@ def _heads(kind, x, out, rows_side):
     """(B, T, S, H, D) of a head layout change; ``rows_side`` names which of x / out is the
     (B, T, S, H, D) one."""
     x, out = _c_contiguous(kind, x=x, out=out)
-    _floats(kind, x, out=out)
-    rows, heads = (x, out) if rows_side == "x" else (out, x)
-    if rows.ndim != 5:
-        raise ValueError(f"{kind}: {rows_side} must be (B, T, S, H, D), got {tuple(rows.shape)}")
-    b, t, s, h, d = rows.shape
-    other = "out" if rows_side == "x" else "x"
-    _shape(kind, other, heads, (s, b, h, t, d))
-    return x, out, (b, t, s, h, d)
+    return x, out, checks.heads(kind, x, out, rows_side, dtypes=True)
 
 
 def to_heads(x, out):
@@ -479,20 +421,12 @@ def _cublas_batched(a, b, out, trans_a, trans_b, accumulate):
 
 def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     a, b, out = _c_contiguous("batched_gemm", a=a, b=b, out=out)
-    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3:
-        raise ValueError(f"batched_gemm needs 3-D arrays, got {tuple(a.shape)}, "
-                         f"{tuple(b.shape)}, {tuple(out.shape)}")
-    _floats("batched_gemm", out, a=a, b=b)
+    k = checks.batched_gemm(a, b, out, trans_a, trans_b, dtypes=True)[3]
     op_a = a.transpose(0, 2, 1) if trans_a else a
     op_b = b.transpose(0, 2, 1) if trans_b else b
-    if (a.shape[0] != out.shape[0] or b.shape[0] != out.shape[0]
-            or op_a.shape[2] != op_b.shape[1]
-            or out.shape[1:] != (op_a.shape[1], op_b.shape[2])):
-        raise ValueError(f"batched_gemm shapes do not agree: {tuple(op_a.shape)} @ "
-                         f"{tuple(op_b.shape)} -> {tuple(out.shape)}")
     if not out.size:
         return
-    if not op_a.shape[2]:                       # K = 0: the product is zero
+    if not k:                                   # K = 0: the product is zero
         if not accumulate:
             out.fill(0)
         return
@@ -560,14 +494,8 @@ extern "C" __global__ void mpitrain_causal_softmax_backward(const T* probs, cons
 def _attention(kind, **arrays):
     """Device arrays (G, T, T) of one float dtype, and (G, T)."""
     views = _c_contiguous(kind, **arrays)
-    names = list(arrays)
-    ref = views[0]
-    if ref.ndim != 3 or ref.shape[1] != ref.shape[2]:
-        raise ValueError(f"{kind}: {names[0]} must be (G, T, T), got {tuple(ref.shape)}")
-    _floats(kind, ref, **dict(zip(names[1:], views[1:])))
-    for name, v in zip(names[1:], views[1:]):
-        _shape(kind, name, v, ref.shape)
-    return views, ref.shape[0], ref.shape[1]
+    g, t = checks.causal_scores(kind, dtypes=True, **dict(zip(arrays, views)))
+    return views, g, t
 
 
 def causal_softmax(scores, probs, scale):

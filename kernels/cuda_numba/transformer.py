@@ -11,7 +11,9 @@ bias gradients: partial sums over chunks of _LN_CHUNK rows, then each column add
 order. The batched GEMM is the tiled, register-blocked GEMM of dense.py with a second grid axis
 over the groups (no K split: attention's products have many tiles). No ids are checked on the
 device (that would synchronise with the host): an id outside [0, V) gives a row of NaN in the
-forward and is skipped by the gradient, and reads nothing out of bounds.
+forward and is skipped by the gradient, and reads nothing out of bounds. The argument checks are
+the backends' common ones (kernels/checks.py) with the contract's dtypes; every array must be
+C-contiguous.
 """
 import functools
 import math
@@ -19,6 +21,7 @@ import math
 import numpy as np
 from numba import cuda, float64, from_dtype
 
+from mpitrain.kernels import checks
 from mpitrain.kernels.cuda_numba.arrays import SIM, dev, grid, launch, scratch
 
 _ROW = 8 if SIM else 128            # threads per block of the row kernels (a power of two)
@@ -31,36 +34,17 @@ _GROUP_BLOCKS = 2 if SIM else 65535         # grid y (groups)
 _NEG_MAX = -1.7976931348623157e308  # the float64 maximum's neutral value (a thread without keys)
 
 
-# --- Checks (one-line ValueErrors naming the bad value) -----------------------------------------
+# --- Device views (the checks themselves: kernels/checks.py) -----------------------------------
 
 def _contiguous(kind, name, a):
     a = dev(a)
-    if not a.is_c_contiguous():
-        raise ValueError(f"{kind}: {name} must be C-contiguous, got strides {a.strides}")
-    return a
+    return checks.contiguous(kind, name, a, a.is_c_contiguous())
 
 
 def _rows(kind, name, a):
     """(n, C) view of a C-contiguous (..., C) device array."""
     a = _contiguous(kind, name, a)
-    if a.ndim < 1:
-        raise ValueError(f"{kind}: {name} must have a last axis of channels, got a 0-d array")
-    c = a.shape[a.ndim - 1]
-    return a.reshape(a.size // c if c else 0, c)
-
-
-def _floats(kind, ref, **arrays):
-    """``ref`` is float32 or float64 and every array of ``arrays`` has its dtype."""
-    if ref.dtype.char not in "fd":
-        raise ValueError(f"{kind}: expected float32 or float64 arrays, got {ref.dtype}")
-    for name, a in arrays.items():
-        if a.dtype != ref.dtype:
-            raise ValueError(f"{kind}: {name} is {a.dtype}, expected {ref.dtype}")
-
-
-def _shape(kind, name, a, want):
-    if tuple(a.shape) != tuple(want):
-        raise ValueError(f"{kind}: {name} {tuple(a.shape)} != {tuple(want)}")
+    return a.reshape(*checks.channel_rows(kind, name, a.shape))
 
 
 def _flat(kind, name, a):
@@ -158,15 +142,7 @@ def _embedding_args(kind, ids, weight, rows_name, rows):
     """Flat ids (n,), weight (V, C) and the (n, C) view of the token rows."""
     ids, weight = _flat(kind, "ids", ids), _contiguous(kind, "weight", weight)
     rows = _rows(kind, rows_name, rows)
-    _floats(kind, weight, **{rows_name: rows})
-    if weight.ndim != 2:
-        raise ValueError(f"{kind}: weight must be (V, C), got shape {tuple(weight.shape)}")
-    if tuple(rows.shape) != (ids.size, weight.shape[1]):
-        raise ValueError(f"{kind}: ids of {ids.size} tokens and weight {tuple(weight.shape)} "
-                         f"need rows of shape {(ids.size, weight.shape[1])}, got "
-                         f"{tuple(rows.shape)}")
-    if ids.dtype not in (np.int32, np.int64):
-        raise ValueError(f"{kind}: ids must be int32 or int64, got dtype {ids.dtype}")
+    checks.embedding(kind, ids, weight, rows_name, rows, dtypes=True)
     return ids, weight, rows
 
 
@@ -274,33 +250,19 @@ def _layernorm_param_sum_k(part, grad_weight, grad_bias, accumulate):
         grad_bias[c] = sb
 
 
-def _layernorm_stats(kind, x, mean, rstd):
-    """Flat views of mean and rstd: one value per row of x, float32 or float64 alike."""
+def _layernorm(kind, rows, vectors, mean, rstd):
+    """(n, C) of LayerNorm's checked arrays and flat views of (vectors, mean, rstd)."""
+    vectors = {name: _contiguous(kind, name, a) for name, a in vectors.items()}
     mean, rstd = _flat(kind, "mean", mean), _flat(kind, "rstd", rstd)
-    for name, a in (("mean", mean), ("rstd", rstd)):
-        if a.size != x.shape[0]:
-            raise ValueError(f"{kind}: {name} must have {x.shape[0]} elements, got {a.size}")
-    if mean.dtype.char not in "fd" or rstd.dtype != mean.dtype:
-        raise ValueError(f"{kind}: mean and rstd must be float32 or float64 alike, got "
-                         f"{mean.dtype} and {rstd.dtype}")
-    return mean, rstd
-
-
-def _vectors(kind, c, **arrays):
-    out = [_flat(kind, name, a) for name, a in arrays.items()]
-    for name, a in zip(arrays, out):
-        _shape(kind, name, a, (c,))
-    return out
+    n, c = checks.layernorm(kind, rows, vectors, mean, rstd, dtypes=True)
+    return n, c, list(vectors.values()) + [mean, rstd]
 
 
 def layernorm_forward(x, weight, bias, y, mean, rstd, eps):
     kind = "layernorm_forward"
     x, y = _rows(kind, "x", x), _rows(kind, "y", y)                 # (n, C)
-    n, c = x.shape
-    weight, bias = _vectors(kind, c, weight=weight, bias=bias)
-    _floats(kind, x, weight=weight, bias=bias, y=y)
-    _shape(kind, "y", y, x.shape)
-    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    n, c, (weight, bias, mean, rstd) = _layernorm(kind, dict(x=x, y=y),
+                                                  dict(weight=weight, bias=bias), mean, rstd)
     if c:
         _row_launch(_layernorm_forward_k, n, x, weight, bias, y, mean, rstd, float(eps))
 
@@ -310,14 +272,9 @@ def layernorm_backward(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_
     kind = "layernorm_backward"
     x, grad_y = _rows(kind, "x", x), _rows(kind, "grad_y", grad_y)  # (n, C)
     grad_x = _rows(kind, "grad_x", grad_x)
-    n, c = x.shape
-    weight, grad_weight, grad_bias = _vectors(kind, c, weight=weight, grad_weight=grad_weight,
-                                              grad_bias=grad_bias)
-    _floats(kind, x, grad_y=grad_y, weight=weight, grad_x=grad_x, grad_weight=grad_weight,
-            grad_bias=grad_bias)
-    _shape(kind, "grad_y", grad_y, x.shape)
-    _shape(kind, "grad_x", grad_x, x.shape)
-    mean, rstd = _layernorm_stats(kind, x, mean, rstd)
+    n, c, (weight, grad_weight, grad_bias, mean, rstd) = _layernorm(
+        kind, dict(x=x, grad_y=grad_y, grad_x=grad_x),
+        dict(weight=weight, grad_weight=grad_weight, grad_bias=grad_bias), mean, rstd)
     if not c:
         return
     _row_launch(_layernorm_backward_x_k, n, grad_y, x, mean, rstd, weight, grad_x)
@@ -354,13 +311,9 @@ def _gelu_backward_k(x, grad_out, grad_in, half, one, k0, k1, k3):
 
 def _same_floats(kind, **arrays):
     """Flat views of same-sized arrays of one float dtype."""
-    names = list(arrays)
-    views = [_flat(kind, name, a) for name, a in arrays.items()]
-    _floats(kind, views[0], **dict(zip(names[1:], views[1:])))
-    for name, v in zip(names[1:], views[1:]):
-        if v.size != views[0].size:
-            raise ValueError(f"{kind}: {name} has {v.size} elements, {names[0]} {views[0].size}")
-    return views
+    views = {name: _flat(kind, name, a) for name, a in arrays.items()}
+    checks.elementwise(kind, dtypes=True, **views)
+    return list(views.values())
 
 
 def gelu(x, out):
@@ -407,13 +360,8 @@ def _heads(kind, x, out, rows_side):
     """Flat x and out and (B, T, S, H, D) of a head layout change; ``rows_side`` names which of
     x / out is the (B, T, S, H, D) one."""
     x, out = _contiguous(kind, "x", x), _contiguous(kind, "out", out)
-    _floats(kind, x, out=out)
-    rows, heads = (x, out) if rows_side == "x" else (out, x)
-    if rows.ndim != 5:
-        raise ValueError(f"{kind}: {rows_side} must be (B, T, S, H, D), got {tuple(rows.shape)}")
-    b, t, s, h, d = rows.shape
-    _shape(kind, "out" if rows_side == "x" else "x", heads, (s, b, h, t, d))
-    return x.reshape(x.size), out.reshape(out.size), (b, t, s, h, d)
+    dims = checks.heads(kind, x, out, rows_side, dtypes=True)
+    return x.reshape(x.size), out.reshape(out.size), dims
 
 
 def to_heads(x, out):
@@ -514,15 +462,7 @@ def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     kind = "batched_gemm"
     a, b, out = _contiguous(kind, "a", a), _contiguous(kind, "b", b), _contiguous(kind, "out",
                                                                                    out)
-    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3:
-        raise ValueError(f"batched_gemm needs 3-D arrays, got {tuple(a.shape)}, "
-                         f"{tuple(b.shape)}, {tuple(out.shape)}")
-    _floats(kind, out, a=a, b=b)
-    g, m, ka = (a.shape[0], a.shape[2], a.shape[1]) if trans_a else a.shape
-    gb, kb, n = (b.shape[0], b.shape[2], b.shape[1]) if trans_b else b.shape
-    if ka != kb or g != gb or tuple(out.shape) != (g, m, n):
-        raise ValueError(f"batched_gemm shapes do not agree: {(g, m, ka)} @ {(gb, kb, n)} -> "
-                         f"{tuple(out.shape)}")
+    g, m, n, _ = checks.batched_gemm(a, b, out, trans_a, trans_b, dtypes=True)
     if not (g and m and n):
         return
     bm = _TILE * _MICRO
@@ -584,15 +524,9 @@ def _causal_softmax_backward_k(probs, grad_probs, grad_scores, sc):
 
 def _attention(kind, **arrays):
     """Device arrays (G, T, T) of one float dtype."""
-    names = list(arrays)
-    views = [_contiguous(kind, name, a) for name, a in arrays.items()]
-    ref = views[0]
-    if ref.ndim != 3 or ref.shape[1] != ref.shape[2]:
-        raise ValueError(f"{kind}: {names[0]} must be (G, T, T), got {tuple(ref.shape)}")
-    _floats(kind, ref, **dict(zip(names[1:], views[1:])))
-    for name, v in zip(names[1:], views[1:]):
-        _shape(kind, name, v, ref.shape)
-    return views
+    views = {name: _contiguous(kind, name, a) for name, a in arrays.items()}
+    checks.causal_scores(kind, dtypes=True, **views)
+    return list(views.values())
 
 
 def causal_softmax(scores, probs, scale):
