@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mpitrain import comm
-from mpitrain.data import AUGMENTATIONS, NORMALIZATIONS
+from mpitrain.data import NORMALIZATIONS
 from mpitrain.data.catalog import SPECS
 from mpitrain.data.locate import env_data_dir
 from mpitrain.nn import models
@@ -25,6 +25,8 @@ from mpitrain.parallel.optimizer import AVERAGE_MODES
 from mpitrain.runtime import env
 from mpitrain.runtime import threads as thread_budget
 from mpitrain.runtime.errors import UsageError
+from mpitrain.train.flag_types import (parse_augment, parse_betas, parse_hidden,
+                                       parse_milestones, parse_signals)
 
 # Choices come from the modules that own them; the ones only the CLI offers are set here.
 MODELS = models.names
@@ -43,73 +45,6 @@ def _opt(default, help, choices=None, flag_type=None, off_flag=None):
     MPITRAIN_<OFF_FLAG> is read too, inverted, when MPITRAIN_<FIELD> is unset)."""
     return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type,
                                             "off_flag": off_flag})
-
-
-def parse_hidden(text):
-    """'256,128' -> (256, 128): hidden layer widths of the MLP."""
-    try:
-        sizes = tuple(int(part) for part in str(text).split(",") if part.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise UsageError("expected comma-separated positive integers like 256,128")
-    return sizes
-
-
-def parse_milestones(text):
-    """'30,60' -> (30, 60): epochs after which --lr-schedule step multiplies the lr by gamma."""
-    try:
-        epochs = tuple(int(part) for part in str(text).split(","))
-    except ValueError:
-        raise UsageError("expected comma-separated epochs like 30,60") from None
-    for m in epochs:
-        if m < 1:
-            raise UsageError(f"milestone {m}: epochs must be >= 1")
-    for a, b in zip(epochs, epochs[1:]):
-        if b <= a:
-            raise UsageError(f"milestones must be strictly increasing ({b} after {a})")
-    return epochs
-
-
-def parse_augment(text):
-    """'crop,flip' (any subset, any order) or 'none' -> the canonical 'crop,flip' / 'none'."""
-    parts = [part.strip() for part in str(text).split(",")]
-    if parts == ["none"]:
-        return "none"
-    unknown = [p for p in parts if p not in AUGMENTATIONS]
-    if unknown:
-        raise UsageError(f"unknown augmentation {unknown[0]!r}; expected 'none' or a "
-                         f"comma-separated subset of {', '.join(AUGMENTATIONS)}")
-    if len(set(parts)) != len(parts):
-        raise UsageError("an augmentation is named twice")
-    return ",".join(a for a in AUGMENTATIONS if a in parts)
-
-
-def parse_betas(text):
-    """'0.9,0.99' -> (0.9, 0.99): Adam's decay rates of the two moment averages."""
-    try:
-        betas = tuple(float(part) for part in str(text).split(","))
-    except ValueError:
-        betas = ()
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise UsageError("expected two numbers in [0, 1) like 0.9,0.99")
-    return betas
-
-
-STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
-
-
-def parse_signals(text):
-    """'TERM,USR1' / 'sigterm' (any subset of STOP_SIGNALS, any case) or 'none' -> the
-    canonical 'TERM,USR1' / 'none'."""
-    parts = [p.strip().upper().removeprefix("SIG") for p in str(text).split(",")]
-    if parts == ["NONE"]:
-        return "none"
-    unknown = [p for p in parts if p not in STOP_SIGNALS]
-    if unknown or not parts:
-        raise UsageError(f"unknown signal {unknown[0] if unknown else text!r}; expected 'none' or "
-                         f"a comma-separated subset of {', '.join(STOP_SIGNALS)}")
-    return ",".join(s for s in STOP_SIGNALS if s in parts)
 
 
 @dataclass(frozen=True)
