@@ -166,6 +166,8 @@ def load_npz(path):
             raise DataError(f"{path}: not an .npz file; pass an .npz written by np.savez, a "
                             f"folder holding x.npy and y.npy, or a prefix of such files")
         arrays = _open_npz(path)
+    elif path.suffix == ".npz":
+        raise DataError(f"{path}: no such file")
     else:
         arrays = _open_files(path)
     x, y = _check(f"{path}", arrays["x"], arrays["y"])

@@ -131,3 +131,8 @@ def test_truncated_npy(tmp_path):
     data = (tmp_path / "x.npy").read_bytes()
     (tmp_path / "x.npy").write_bytes(data[:-100])
     one_line_error(tmp_path, "truncated")
+
+
+def test_a_missing_npz_file_is_named_as_such(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.npz: no such file$"):
+        load_npz(tmp_path / "missing.npz")
