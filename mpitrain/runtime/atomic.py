@@ -3,11 +3,18 @@
 Write to a temp file in the destination's folder (same filesystem, so the rename is atomic),
 fsync it, ``os.replace`` it onto the final name, then fsync the folder so the rename itself
 survives a crash. On any failure the temp file is removed and the destination is untouched.
-Used for checkpoints and ``--save`` (train/checkpoint.py), timelines (mpitrain/timeline/) and verified
-downloads (data/fetch.py).
+The file gets the permissions a plain ``open`` would give it (0666 less the umask), not the
+temp file's private 0600, so a checkpoint or a shared token cache stays readable by others.
+Used for checkpoints and ``--save`` (train/checkpoint.py), timelines (mpitrain/timeline/),
+verified downloads (data/fetch.py) and the text token cache (data/text.py).
 """
 import os
 import tempfile
+
+# The process's umask, read once at import (reading it means setting it, which is not
+# thread-safe later, when a checkpoint may be written on a background thread).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def write(path, writer, mode="wb", prefix=".tmp-", suffix=".part"):
@@ -17,6 +24,7 @@ def write(path, writer, mode="wb", prefix=".tmp-", suffix=".part"):
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as f:
             writer(f)
             f.flush()

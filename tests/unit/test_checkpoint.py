@@ -273,3 +273,13 @@ def test_load_latest_reads_the_clis_checkpoints(tmp_path):
     ck.write(tmp_path, 12, model.state_dict(copy=True), opt.state_dict(), meta)
     got = mt.checkpoint.load_latest(tmp_path, *_trained(seed=2))
     assert got == {"step": 12, "model": "mlp", "epoch": 2, "epoch_position_samples": 16}
+
+
+def test_atomic_files_get_the_umask_permissions_not_the_temp_files(tmp_path):
+    """A checkpoint, --save file or token cache written atomically is as readable as a file
+    opened plainly: 0666 less the umask, not mkstemp's private 0600."""
+    from mpitrain.runtime import atomic
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    path = atomic.write(tmp_path / "atomic", lambda f: f.write(b"x"))
+    assert os.stat(path).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
