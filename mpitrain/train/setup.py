@@ -124,8 +124,11 @@ def _check_micro_shards(m, size, global_batch):
                          f"--micro-shards {m}, got {size} ranks (the fixed tree splits the "
                          f"micro-shards in halves)")
     if global_batch % m:
+        fits = global_batch & -global_batch     # the largest power of two dividing the batch
+        hint = (f"; --micro-shards {fits} does" if fits % size == 0 else
+                f"; no power of two that is a multiple of {size} (the ranks) does")
         raise UsageError(f"--deterministic: the global batch of {global_batch} samples does not "
-                         f"divide into --micro-shards {m} equal micro-shards")
+                         f"divide into --micro-shards {m} equal micro-shards{hint}")
 
 
 def _build_model(config, train_set, backend):

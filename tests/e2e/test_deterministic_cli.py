@@ -88,6 +88,8 @@ def test_resuming_with_other_micro_shards_warns(tmp_path):
     (2, ["--batch-size", "8", "--micro-shards", "2", "--model", "mlp"], None),
     (2, ["--batch-size", "3"], "--deterministic: the global batch of 6 samples does not divide "
                                "into --micro-shards 8"),
+    (2, ["--batch-size", "6"], "--deterministic: the global batch of 12 samples does not divide "
+                               "into --micro-shards 8 equal micro-shards; --micro-shards 4 does"),
     (1, ["--micro-shards", "6"], "--micro-shards 6: must be a power of two"),
     (1, ["--average", "weights"], "--deterministic does not support --average weights"),
     (1, ["--fp16-allreduce"], "--deterministic does not support --fp16-allreduce"),
