@@ -18,6 +18,14 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     op_a = a.T if trans_a else a
     op_b = b.T if trans_b else b
     checks.gemm(op_a, op_b, out)
+    matmul_into(op_a, op_b, out, accumulate)
+
+
+def matmul_into(op_a, op_b, out, accumulate):
+    """out (=|+=) op_a @ op_b through NumPy's matmul (BLAS; 2-D, or 3-D for one product per
+    group; a transposed operand is a view, which BLAS reads with its trans flag). Accumulating
+    goes through a scratch buffer per (shape, dtype). Shapes are the caller's to check; ``out``
+    is C-contiguous."""
     if not accumulate:
         np.matmul(op_a, op_b, out=out)
         return

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpitrain.kernels import checks
-from mpitrain.kernels.cpu.arrays import add_flat
+from mpitrain.kernels.cpu.dense import matmul_into
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -284,25 +284,16 @@ def from_heads(x, out):
         _from_heads(x, out)
 
 
-# Batched GEMM: BLAS per group through NumPy's matmul on 3-D arrays (a transposed operand is a
-# swapped-axes view, which BLAS reads with its trans flag); accumulating goes through a scratch
-# buffer per (shape, dtype), as the 2-D gemm does.
-_scratch = {}
-
+# Batched GEMM: BLAS per group through NumPy's matmul on 3-D arrays (dense.matmul_into, as the
+# 2-D gemm).
 
 def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     checks.batched_gemm(a, b, out, trans_a, trans_b)
     op_a = a.transpose(0, 2, 1) if trans_a else a
     op_b = b.transpose(0, 2, 1) if trans_b else b
-    if not accumulate:
-        np.matmul(op_a, op_b, out=out)
-        return
-    key = (out.shape, out.dtype.str)
-    tmp = _scratch.get(key)
-    if tmp is None:
-        tmp = _scratch[key] = np.empty(out.shape, out.dtype)
-    np.matmul(op_a, op_b, out=tmp)
-    add_flat(_flat("batched_gemm", "out", out), tmp.reshape(-1))
+    if accumulate:
+        _flat("batched_gemm", "out", out)          # added into through a flat view
+    matmul_into(op_a, op_b, out, accumulate)
 
 
 # Causal softmax ------------------------------------------------------------------------------
