@@ -12,4 +12,5 @@ another test file and none edits sys.path: what two suites share lives here.
 - transformer_cases.py  the transformer kernels' cases: the device backends vs the CPU kernel
 - texts.py           small generated text files for the GPT tests
 - tensorboard_events.py  the scalars of a TensorBoard event file, read back
+- mapped.py          whether an array is (a view of) a memory map
 """

@@ -1,21 +1,12 @@
 """load_npz: .npz (np.savez), folder and prefix layouts; images memory-mapped, never read whole;
 compressed .npz, uint8 images, mismatched lengths and missing arrays refused in one line."""
-import mmap
 
 import numpy as np
 import pytest
 
 import mpitrain as mt
 from mpitrain.data import DataError, load_npz
-
-
-def memory_mapped(array):
-    """True when ``array`` is a memmap or a view of one (walks the .base chain)."""
-    while array is not None:
-        if isinstance(array, (np.memmap, mmap.mmap)):
-            return True
-        array = getattr(array, "base", None)
-    return False
+from tests.support.mapped import memory_mapped
 
 
 def arrays(n=20, shape=(3, 4, 5), seed=0):

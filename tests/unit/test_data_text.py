@@ -9,7 +9,6 @@ import hashlib
 import importlib
 import io
 import json
-import mmap
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 import mpitrain as mt
 from mpitrain.data import DataError, TextDataset
 from mpitrain.data.__main__ import main
+from tests.support.mapped import memory_mapped
 
 catalog = importlib.import_module("mpitrain.data.catalog")
 fetch_mod = importlib.import_module("mpitrain.data.fetch")
@@ -50,14 +50,6 @@ def reference_ids(text):
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     return np.array([index[c] for c in text], np.int64), vocab
-
-
-def memory_mapped(array):
-    while array is not None:
-        if isinstance(array, (np.memmap, mmap.mmap)):
-            return True
-        array = getattr(array, "base", None)
-    return False
 
 
 def leftovers(folder):
