@@ -75,8 +75,8 @@ def _add_flag(parser, f):
         if isinstance(default, tuple):
             default = ",".join(map(str, default))
         choices = f.metadata.get("choices")
-        if f.name == "dataset":                 # the choices, or a path after a prefix
-            choices = (*choices, *(f"{prefix}PATH" for prefix in cfg.DATASET_PREFIXES))
+        if choices:                             # the choices, or a path after a prefix
+            choices = (*choices, *(f"{p}PATH" for p in f.metadata["path_prefixes"]))
         metavar = "{" + ",".join(choices) + "}" if choices else f.name.upper()
         parser.add_argument(flag, dest=f.name, type=_typed(f), metavar=metavar,
                             help=f"{help_text} (default: {default})")

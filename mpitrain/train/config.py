@@ -40,11 +40,18 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 ENV_PREFIX = "MPITRAIN_"
 
 
-def _opt(default, help, choices=None, flag_type=None, off_flag=None):
+def _opt(default, help, choices=None, flag_type=None, off_flag=None, path_prefixes=()):
     """A field; ``off_flag`` names a second bool flag that sets it to False (its variable
-    MPITRAIN_<OFF_FLAG> is read too, inverted, when MPITRAIN_<FIELD> is unset)."""
+    MPITRAIN_<OFF_FLAG> is read too, inverted, when MPITRAIN_<FIELD> is unset);
+    ``path_prefixes``: besides its ``choices``, the field takes PREFIX + a path."""
     return field(default=default, metadata={"help": help, "choices": choices, "type": flag_type,
-                                            "off_flag": off_flag})
+                                            "off_flag": off_flag, "path_prefixes": path_prefixes})
+
+
+def path_choice(f, value):
+    """Whether ``value`` of field ``f`` is one of its prefixes and a path (not a choice)."""
+    return bool(f.metadata.get("path_prefixes")) and str(value).startswith(
+        f.metadata["path_prefixes"])
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class Config:
     dataset: str = _opt("fashion-mnist", "training/test data: " + ", ".join(DATASETS)
                         + ", text:PATH (a UTF-8 file, for --model gpt; 90/10 train/val split) "
                           "or npz:PATH (your arrays x, y in an .npz or x.npy/y.npy)",
-                        choices=DATASETS)
+                        choices=DATASETS, path_prefixes=DATASET_PREFIXES)
     tokens: str = _opt("chars", "--dataset text: chars (the file's characters are the "
                                 "vocabulary) or bytes (256 byte values)", choices=TOKENS)
     data_dir: Optional[str] = _opt(None, "dataset folder, the only place looked in: missing or "
@@ -193,14 +200,14 @@ class Config:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if f.name == "dataset" and str(value).startswith(DATASET_PREFIXES):
-                if ":" not in value or not value.split(":", 1)[1]:
-                    raise UsageError(f"--dataset {value!r}: give a path after the colon")
+            if path_choice(f, value):
+                if not value.split(":", 1)[1]:
+                    raise UsageError(f"{_flag(f.name)} {value!r}: give a path after the colon")
                 continue
             if choices and value is not None and value not in choices:
-                more = ", or text:PATH, npz:PATH" if f.name == "dataset" else ""
+                paths = ", ".join(f"{p}PATH" for p in f.metadata["path_prefixes"])
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of "
-                                 f"{', '.join(choices)}{more}")
+                                 f"{', '.join(choices)}{', or ' + paths if paths else ''}")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
                     "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0,
@@ -424,10 +431,9 @@ def _from_env(f, default, environ):
     if f.name == "fusion_threshold_bytes":      # the comm layer's variable, unless ours is set
         default = comm.fusion_threshold_from_env(environ, default)
     name, kind = env_name(f.name), field_type(f)
-    if f.name == "dataset":                     # a choice, or a path after text: / npz:
-        text = env.text(name, None, environ)
-        if text is not None and text.startswith(DATASET_PREFIXES):
-            return text
+    text = env.text(name, None, environ)
+    if text is not None and path_choice(f, text):       # e.g. text:PATH, not a choice
+        return text
     if f.metadata.get("choices"):
         return env.choice(name, default, f.metadata["choices"], environ)
     if kind is bool:
