@@ -137,7 +137,7 @@ def main(argv=None):
     results = []
     if rank == 0:
         print(f"# allreduce float32, N={size}, ours={args.algo} op={args.op}, "
-              f"ring threshold={world.current().settings.ring_threshold_bytes} B")
+              f"ring threshold={world.current().settings.ring_threshold(size)} B")
         print("# times: median (and min) over iterations of the slowest rank; bandwidths in GB/s "
               "from the medians; ratio = t_mpi / t_ours (median, min)")
         print(f"{'size':>9} {'iters':>6} {'ours us':>10} {'mpi us':>10} {'ours min':>9} "
@@ -175,8 +175,10 @@ def main(argv=None):
 
 def write_outputs(args, size, results, cost):
     json_path = args.json or os.path.join(args.out, "allreduce.json")
+    threshold = world.current().settings.ring_threshold(size)
     benchutil.write_json(json_path, {"ranks": size, "algo": args.algo, "op": args.op,
-                                     "results": results, "check_cost": cost})
+                                     "ring_threshold_bytes": threshold, "results": results,
+                                     "check_cost": cost})
     print(f"# wrote {json_path}")
     if args.plot is None:
         return

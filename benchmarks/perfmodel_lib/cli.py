@@ -105,9 +105,8 @@ def main(argv=None):
         plans = make_plans(args.model, not args.no_overlap, args.fusion_threshold_bytes,
                            shares, args.batch_size)
         threshold = args.ring_threshold_bytes
-        if threshold is None:
-            from mpitrain.comm.settings import CommSettings
-            threshold = CommSettings().ring_threshold_bytes             # the default
+        if threshold is None:      # the default from three ranks (two switch at 1 MiB)
+            from mpitrain.comm.settings import RING_THRESHOLD_BYTES as threshold
         nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
         cores = args.cores or benchutil.usable_cores()
         sweep, points = load_scaling(args.scaling) if args.scaling else ({}, [])

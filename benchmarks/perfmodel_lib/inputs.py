@@ -55,12 +55,12 @@ def _seconds(rec, prefix=""):
     return None
 
 
-def _ring_threshold(doc):
-    """Smallest message our allreduce sends through the ring under --algo auto."""
+def _ring_threshold(doc, ranks):
+    """Smallest message our allreduce sends through the ring between ``ranks`` under auto."""
     value = _get(doc, ("ring_threshold_bytes", "ring_threshold"))
-    if value is None:
+    if value is None:                                                   # the default
         from mpitrain.comm.settings import CommSettings
-        value = CommSettings().ring_threshold_bytes                     # the default
+        value = CommSettings().ring_threshold(ranks)
     return int(value)
 
 
@@ -106,7 +106,7 @@ def load_allreduce(paths, stat="median"):
             t_mpi = _pick_time(rec, "mpi_", stat)
             if t_mpi is not None:
                 out["mpi"].append((float(n), int(ranks), t_mpi))
-            if algo == "mpi" or (algo == "auto" and n < _ring_threshold(top)):
+            if algo == "mpi" or (algo == "auto" and n < _ring_threshold(top, int(ranks))):
                 continue
             t = _pick_time(rec, "ours_", stat) or _pick_time(rec, "time_", stat) \
                 or _seconds(rec)

@@ -33,7 +33,7 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
     if size > 1 and flat.size:
         algo = settings.algorithm                    # the path rule (docs/architecture.md)
         use_ring = (flat.dtype.char == "e" or algo == "ring"                       # float16
-                    or (algo == "auto" and flat.nbytes >= settings.ring_threshold_bytes))
+                    or (algo == "auto" and flat.nbytes >= settings.ring_threshold(size)))
         if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
             kind = reduce_kind(op)
             sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)

@@ -5,7 +5,8 @@
 communicator's state (world.py); nothing in the comm layer reads the environment afterwards.
 
     MPITRAIN_ALLREDUCE          algorithm            auto (by size) | ring | mpi
-    MPITRAIN_RING_THRESHOLD     ring_threshold_bytes from this size on, auto takes the ring (32 MiB)
+    MPITRAIN_RING_THRESHOLD     ring_threshold_bytes from this size on, auto takes the ring
+                                                     (None: 1 MiB between two ranks, else 32 MiB)
     MPITRAIN_RING_SUBCHUNK      ring_subchunk_bytes  pipelining piece of the ring (1 MiB)
     MPITRAIN_CHECK              check                off turns the cross-rank agreement off (on)
     MPITRAIN_STALL_WARNING      stall_warning_s      report a stall after this long; 0 = off (60)
@@ -48,13 +49,15 @@ ENV = {"algorithm": "MPITRAIN_ALLREDUCE", "ring_threshold_bytes": "MPITRAIN_RING
 NODE_SIZE_ALIAS = "MPITRAIN_LOCAL_SIZE"          # the node size's first name, still read
 NODE_SIZE_NAMES = "MPITRAIN_NODE_SIZE (alias MPITRAIN_LOCAL_SIZE)"      # for error messages
 VARIABLES = (*ENV.values(), NODE_SIZE_ALIAS)
+RING_THRESHOLD_BYTES = 32 << 20         # auto's switch to the ring (ring_threshold) ...
+RING_THRESHOLD_TWO_RANKS = 1 << 20      # ... and between two ranks
 env.declare(*VARIABLES)
 
 
 @dataclasses.dataclass(frozen=True)
 class CommSettings:
     algorithm: str = "auto"
-    ring_threshold_bytes: int = 32 << 20
+    ring_threshold_bytes: Optional[int] = None
     ring_subchunk_bytes: int = 1 << 20
     check: bool = True
     stall_warning_s: float = 60.0
@@ -72,7 +75,8 @@ class CommSettings:
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"MPITRAIN_ALLREDUCE={self.algorithm!r}: expected ring, mpi or auto")
-        _check_int("MPITRAIN_RING_THRESHOLD", self.ring_threshold_bytes, 0)
+        if self.ring_threshold_bytes is not None:
+            _check_int("MPITRAIN_RING_THRESHOLD", self.ring_threshold_bytes, 0)
         _check_int("MPITRAIN_RING_SUBCHUNK", self.ring_subchunk_bytes, 1)
         for key, value in (("MPITRAIN_STALL_WARNING", self.stall_warning_s),
                            ("MPITRAIN_STALL_SHUTDOWN", self.stall_shutdown_s)):
@@ -122,6 +126,15 @@ class CommSettings:
                    autotune_log=read(env.text, "autotune_log"),
                    autotune_steps=read(env.integer, "autotune_steps"),
                    autotune_warmup_steps=read(env.integer, "autotune_warmup_steps"))
+
+    def ring_threshold(self, size):
+        """The size in bytes from which auto takes the ring between ``size`` ranks: the
+        setting, else 1 MiB for two ranks -- where the ring is MPI's own large-message exchange
+        of halves, with MPI's bits, and Average scales only the half it completes -- and 32 MiB
+        for more (the ring's 2(N-1) steps against MPI's fewer)."""
+        if self.ring_threshold_bytes is not None:
+            return self.ring_threshold_bytes
+        return RING_THRESHOLD_TWO_RANKS if size == 2 else RING_THRESHOLD_BYTES
 
     def fusion_threshold(self, default):
         """The bucket size limit in bytes: the setting, else the caller's ``default``."""

@@ -126,6 +126,28 @@ def test_auto_path_around_the_threshold(use_settings):
         assert_matches(mt.allreduce(inputs[R], op=mt.Max), numpy_oracle(inputs, mt.Max))
 
 
+@pytest.mark.skipif(N != 2, reason="the two-rank path rule")
+@pytest.mark.parametrize("op", [mt.Sum, mt.Average, mt.Min, mt.Max, mt.Product],
+                         ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_two_ranks_take_the_ring_from_1_mib_with_mpis_bits(dtype, op, monkeypatch):
+    rings = []
+    ring = engine.ring_allreduce
+    monkeypatch.setattr(engine, "ring_allreduce", lambda *a: rings.append(1) or ring(*a))
+    rng = np.random.default_rng(7 + R)
+    for nbytes in (1 << 20, (1 << 20) - 64):                           # the ring, MPI
+        n = nbytes // np.dtype(dtype).itemsize
+        x = (rng.standard_normal(n) * 100).astype(dtype)                  # (n,)
+        del rings[:]
+        got = mt.allreduce(x, op=op)
+        assert len(rings) == (got.nbytes >= 1 << 20)  # an integer Average reduces float64
+        want = x.astype(got.dtype)                    # float64 for an integer Average
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, want, op=MPI_OPS[op])
+        if op is mt.Average:
+            want = scale_copy(want, 0.5)
+        np.testing.assert_array_equal(got, want)                          # the same bits
+
+
 def test_large_ring_over_a_million(use_settings):
     use_settings(algorithm="ring")
     n = 1_000_003

@@ -191,6 +191,13 @@ def test_settings_are_the_dataclass_defaults_when_nothing_is_set():
     assert dataclasses.asdict(cfg.from_env({})) == dataclasses.asdict(cfg.Config())
 
 
+def test_the_ring_threshold_is_1_mib_between_two_ranks_and_32_mib_from_three():
+    default = CommSettings.from_env({})
+    assert [default.ring_threshold(n) for n in (2, 3, 4, 64)] == [1 << 20] + 3 * [32 << 20]
+    chosen = CommSettings.from_env({"MPITRAIN_RING_THRESHOLD": "4096"})
+    assert [chosen.ring_threshold(n) for n in (2, 3)] == [4096, 4096]      # the setting wins
+
+
 # --- one reader -----------------------------------------------------------------------------
 
 def _is_environ(node):
