@@ -18,6 +18,12 @@ or, where that cannot be written, ``$XDG_CACHE_HOME/mpitrain/text/<text SHA-256>
 renamed (runtime/atomic.py), tokens before their JSON, so any number of processes may build the
 same cache at once (identical bytes) and a reader never sees half of one.
 
+The hashes run the first time a process builds a TextDataset of a file (reading the whole text
+and the whole token file). The validated corpus (token memmap, vocabulary, text SHA-256) is then
+kept for the process, so the next TextDataset of the same file, tokens and cache_dir (the CLI's
+"val" after its "train") hashes nothing: it only stats the text and the cache's two files, and
+hashes again when any of them changed (device, inode, size, mtime or ctime differ).
+
 Split. The first 90% of the tokens are "train", the rest "val" (as nanoGPT's prepare.py).
 
 Windows. Sample i of a split is the window of block_size + 1 tokens starting at
@@ -104,9 +110,18 @@ def _resolve(path):
     return p
 
 
+def _stamp(path):
+    """(device, inode, size, mtime, ctime) of a file (a path or an open descriptor): what
+    changes when the file is rewritten, known without reading it."""
+    s = os.stat(path)
+    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+
+
 def _read_source(path):
+    """(the file's bytes, its _stamp taken before reading them)."""
     try:
         with open(path, "rb") as f:
+            stamp = _stamp(f.fileno())
             data = f.read()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
@@ -116,7 +131,7 @@ def _read_source(path):
         raise DataError(f"{path}: cannot read ({e.strerror or one_line(e)})") from None
     if not data:
         raise DataError(f"{path}: is empty")
-    return data
+    return data, stamp
 
 
 def _tokenize(path, data, tokens):
@@ -151,10 +166,17 @@ def _sha256_file(path):
     return h.hexdigest()
 
 
+def _cache_stamps(folder, tokens):
+    """The _stamp of the cache's JSON and of its tokens."""
+    return _stamp(folder / f"{tokens}.json"), _stamp(folder / f"{tokens}.npy")
+
+
 def _open_cache(folder, tokens, checksum):
-    """(memmap uint16 (n,), vocab) from a valid cache in ``folder``, else None."""
+    """(memmap uint16 (n,), vocab, _cache_stamps taken before reading) from a valid cache in
+    ``folder``, else None."""
     meta_path, ids_path = folder / f"{tokens}.json", folder / f"{tokens}.npy"
     try:
+        stamps = _cache_stamps(folder, tokens)
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if (meta.get("format") != CACHE_FORMAT or meta.get("tokens") != tokens
                 or meta.get("source_sha256") != checksum
@@ -169,7 +191,7 @@ def _open_cache(folder, tokens, checksum):
             return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None                     # missing, unreadable or corrupt: rebuild it
-    return ids, vocab
+    return ids, vocab, stamps
 
 
 def _write_cache(folder, tokens, checksum, ids, vocab):
@@ -191,17 +213,57 @@ def _cache_folders(path, checksum, cache_dir):
     return [path.parent / f"{path.name}.mpitrain", cache_root() / "text" / checksum[:32]]
 
 
+# (real path of the text, tokens, cache_dir) -> _Corpus validated by this process
+_VALIDATED = {}
+
+
+class _Corpus:
+    """A validated token cache: its tokens (memmap uint16 (n,)), vocab and text SHA-256, and
+    what the text and the cache files looked like (_stamp) when they were hashed."""
+
+    def __init__(self, ids, vocab, checksum, source_stamp, folders, folder, cache_stamps):
+        self.ids, self.checksum = ids, checksum
+        self.vocab = None if vocab is None else tuple(vocab)
+        self.source_stamp, self.folders = source_stamp, folders
+        self.folder, self.cache_stamps = folder, cache_stamps
+
+    def loaded(self):
+        """(ids, vocab, checksum), the vocab a new list: no dataset sees another's edits."""
+        return self.ids, None if self.vocab is None else list(self.vocab), self.checksum
+
+    def unchanged(self, path, tokens, cache_dir):
+        """Whether the text, the cache folders searched and the cache files are as validated."""
+        try:
+            return (_stamp(path) == self.source_stamp
+                    and _cache_folders(path, self.checksum, cache_dir) == self.folders
+                    and _cache_stamps(self.folder, tokens) == self.cache_stamps)
+        except OSError:
+            return False                # gone or unreadable: let the full path say why
+
+
 def _load_tokens(path, tokens, cache_dir, check):
-    """(memmap uint16 (n,), vocab, checksum): from a valid cache, else tokenised and cached.
+    """(memmap uint16 (n,), vocab, checksum): as this process last validated them when no file
+    changed since, else from a valid cache, else tokenised and cached.
     ``check(n_tokens)`` raises before anything is written when the text cannot be used."""
-    data = _read_source(path)
+    key = (os.path.realpath(path), tokens, None if cache_dir is None else os.fspath(cache_dir))
+    known = _VALIDATED.get(key)
+    if known is not None and known.unchanged(path, tokens, cache_dir):
+        check(len(known.ids))
+        return known.loaded()
+    data, source_stamp = _read_source(path)
     checksum = hashlib.sha256(data).hexdigest()
     folders = _cache_folders(path, checksum, cache_dir)
+
+    def validated(folder, found):
+        ids, vocab, stamps = found
+        _VALIDATED[key] = _Corpus(ids, vocab, checksum, source_stamp, folders, folder, stamps)
+        return _VALIDATED[key].loaded()
+
     for folder in folders:
         found = _open_cache(folder, tokens, checksum)
         if found is not None:
             check(len(found[0]))
-            return found[0], found[1], checksum
+            return validated(folder, found)
     ids, vocab = _tokenize(path, data, tokens)
     del data
     check(len(ids))
@@ -214,7 +276,7 @@ def _load_tokens(path, tokens, cache_dir, check):
             continue
         found = _open_cache(folder, tokens, checksum)
         if found is not None:
-            return found[0], found[1], checksum
+            return validated(folder, found)
         failures.append(f"{folder} (written but unreadable)")
     raise DataError(f"{path}: cannot write its token cache in {' or '.join(failures)}")
 

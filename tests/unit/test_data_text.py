@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import types
 
 import numpy as np
 import pytest
@@ -166,6 +167,67 @@ def test_cache_rebuilt_when_the_text_changes(corpus):
     ids, vocab = reference_ids(new_text)
     assert ds.vocab == vocab and "~" in ds.vocab
     np.testing.assert_array_equal(ds.data, ids[:int(len(ids) * 0.9)])
+
+
+def count_hashes(monkeypatch):
+    """The list that gets one entry per SHA-256 the text module starts (text or token file)."""
+    calls = []
+
+    def sha256(*args):
+        calls.append(1)
+        return hashlib.sha256(*args)
+    monkeypatch.setattr(text_mod, "hashlib", types.SimpleNamespace(sha256=sha256))
+    return calls
+
+
+def test_train_and_val_hash_the_text_and_the_tokens_once(corpus, monkeypatch):
+    hashes = count_hashes(monkeypatch)
+    TextDataset(corpus, split="train", block_size=8)
+    assert len(hashes) == 3                             # text, token file written, read back
+    TextDataset(corpus, split="val", block_size=8)
+    assert len(hashes) == 3
+    monkeypatch.setattr(text_mod, "_VALIDATED", {})     # a new process, the cache on disk
+    train = TextDataset(corpus, split="train", block_size=8)
+    assert len(hashes) == 3 + 2                         # text, token file
+    val = TextDataset(corpus, split="val", block_size=4, windows=5)
+    assert len(hashes) == 3 + 2
+    ids, vocab = reference_ids(TEXT)
+    np.testing.assert_array_equal(val.data, ids[int(len(ids) * 0.9):])
+    assert val.vocab == train.vocab == vocab and val.vocab is not train.vocab
+    assert val.checksum == train.checksum and memory_mapped(val.data)
+    with pytest.raises(DataError, match="the val split has .* fewer than block_size"):
+        TextDataset(corpus, split="val", block_size=len(val.data))
+    TextDataset(corpus, block_size=8, tokens="bytes")                    # another token file
+    TextDataset(corpus, block_size=8, cache_dir=corpus.parent / "cc")    # another cache
+    assert len(hashes) == 5 + 3 + 3                     # each also hashes what it writes
+
+
+@pytest.mark.parametrize("changed", ["text", "tokens"])
+def test_a_file_changed_between_builds_is_validated_again(corpus, monkeypatch, changed):
+    TextDataset(corpus, block_size=8)
+    new_text = TEXT.replace("speak", "SPEAK!") + "~"
+    if changed == "text":
+        corpus.write_text(new_text, encoding="utf-8")
+        os.utime(corpus, ns=(1_000_000_000, 1_000_000_000))
+    else:
+        new_text = TEXT
+        tokens_file = corpus.parent / "corpus.txt.mpitrain" / "chars.npy"
+        raw = bytearray(tokens_file.read_bytes())
+        raw[-3] ^= 0x7F
+        tokens_file.write_bytes(bytes(raw))
+        os.utime(tokens_file, ns=(1_000_000_000, 1_000_000_000))
+    hashes = count_hashes(monkeypatch)
+    calls = []
+    real = text_mod._tokenize
+    monkeypatch.setattr(text_mod, "_tokenize", lambda *a: calls.append(1) or real(*a))
+    ds = TextDataset(corpus, split="val", block_size=8)
+    n_hashes = {"text": 3, "tokens": 4}[changed]       # text, (old tokens), written, read back
+    assert calls == [1] and len(hashes) == n_hashes
+    ids, vocab = reference_ids(new_text)
+    assert ds.vocab == vocab
+    np.testing.assert_array_equal(ds.data, ids[int(len(ids) * 0.9):])
+    TextDataset(corpus, block_size=8)
+    assert calls == [1] and len(hashes) == n_hashes
 
 
 @pytest.mark.parametrize("damage", ["tokens", "json"])
