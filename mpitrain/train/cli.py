@@ -20,6 +20,7 @@ import sys
 
 from mpitrain.runtime.errors import DataError, Interrupted, OutputError, Preempted, UsageError
 from mpitrain.train import config as cfg
+from mpitrain.train.flag_types import field_type, parse_value
 
 EXIT_USAGE = 2
 EXIT_OUTPUT = 1
@@ -59,7 +60,7 @@ def build_parser():
 def _add_flag(parser, f):
     """The flag of Config field ``f`` (and its off flag, e.g. --no-progress)."""
     flag = "--" + f.name.replace("_", "-")
-    kind = cfg.field_type(f)
+    kind = field_type(f)
     help_text = f"{f.metadata['help']} [env {cfg.env_name(f.name)}]"
     if kind is bool:
         off = f.metadata.get("off_flag")
@@ -85,7 +86,7 @@ def _add_flag(parser, f):
 def _typed(f):
     def convert(text):
         try:
-            return cfg.parse_value(f, text, "--" + f.name.replace("_", "-"))
+            return parse_value(f, text, "--" + f.name.replace("_", "-"))
         except UsageError as exc:  # argparse only keeps the text of an ArgumentTypeError
             raise argparse.ArgumentTypeError(str(exc))
     convert.__name__ = f.name  # argparse names the type in its own messages

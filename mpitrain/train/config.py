@@ -25,8 +25,8 @@ from mpitrain.parallel.optimizer import AVERAGE_MODES
 from mpitrain.runtime import env
 from mpitrain.runtime import threads as thread_budget
 from mpitrain.runtime.errors import UsageError
-from mpitrain.train.flag_types import (parse_augment, parse_betas, parse_hidden,
-                                       parse_milestones, parse_signals)
+from mpitrain.train.flag_types import (field_type, parse_augment, parse_betas, parse_hidden,
+                                       parse_milestones, parse_signals, parse_value)
 
 # Choices come from the modules that own them; the ones only the CLI offers are set here.
 MODELS = models.names
@@ -386,28 +386,6 @@ def _csv(values):
 
 def env_name(name):
     return ENV_PREFIX + name.upper()
-
-
-def field_type(f):
-    """The Python type a field's text is parsed into (Optional[int] -> int)."""
-    if f.metadata.get("type"):
-        return f.metadata["type"]
-    hint = str(f.type)  # "<class 'int'>", "typing.Optional[int]", or a string annotation
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
-        if name in hint:
-            return kind
-    return str
-
-
-def parse_value(f, text, source):
-    """Parse one flag's text for field ``f``; ``source`` names the flag (for the error)."""
-    kind = field_type(f)
-    try:
-        return kind(text)
-    except UsageError as exc:
-        raise UsageError(f"{source}={text!r}: {exc}")
-    except ValueError:
-        raise UsageError(f"{source}={text!r}: expected {kind.__name__}")
 
 
 def from_env(environ=None, base=None):

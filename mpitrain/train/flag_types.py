@@ -1,6 +1,7 @@
-"""The grammars of the flags whose text is more than one int, float or word: each parser takes
-the flag's (or its MPITRAIN_* variable's) text and returns the Config field's value, or raises a
-UsageError saying what was expected (config.py adds the flag's name and the text).
+"""The grammars of the flags: ``parse_value`` reads any Config field's text by its type, and
+the flags whose text is more than one int, float or word have a parser of their own here, which
+takes the flag's (or its MPITRAIN_* variable's) text and returns the field's value, or raises a
+UsageError saying what was expected (parse_value adds the flag's name and the text).
 """
 from mpitrain.data import AUGMENTATIONS
 from mpitrain.runtime.errors import UsageError
@@ -71,3 +72,25 @@ def parse_signals(text):
         raise UsageError(f"unknown signal {unknown[0] if unknown else text!r}; expected 'none' or "
                          f"a comma-separated subset of {', '.join(STOP_SIGNALS)}")
     return ",".join(s for s in STOP_SIGNALS if s in parts)
+
+
+def field_type(f):
+    """The Python type a field's text is parsed into (Optional[int] -> int)."""
+    if f.metadata.get("type"):
+        return f.metadata["type"]
+    hint = str(f.type)  # "<class 'int'>", "typing.Optional[int]", or a string annotation
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if name in hint:
+            return kind
+    return str
+
+
+def parse_value(f, text, source):
+    """Parse one flag's text for field ``f``; ``source`` names the flag (for the error)."""
+    kind = field_type(f)
+    try:
+        return kind(text)
+    except UsageError as exc:
+        raise UsageError(f"{source}={text!r}: {exc}")
+    except ValueError:
+        raise UsageError(f"{source}={text!r}: expected {kind.__name__}")
