@@ -136,6 +136,16 @@ def _extract_cifar(archive, spec, target):
         raise DataError(f"{archive}: cannot extract ({e})") from None
 
 
+def _target_dir(name, data_dir):
+    """The directory fetch writes `name` into (home_dir), created if missing."""
+    target = home_dir(name, data_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"fetch {name}: cannot create {target} ({e.strerror or e})") from None
+    return target
+
+
 def _fetch_text(name, data_dir, force, log):
     """A catalog text (TEXTS): one file, kept where it is found when its SHA-256 is right."""
     spec = text_spec(name)
@@ -146,11 +156,7 @@ def _fetch_text(name, data_dir, force, log):
             if path.is_file() and sha256_file(path) == source.sha256:
                 log(f"{name}: already present in {directory}; nothing to download")
                 return directory
-    target = home_dir(name, data_dir)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"fetch {name}: cannot create {target} ({e.strerror or e})") from None
+    target = _target_dir(name, data_dir)
     log(f"{name}: downloading {source.filename} ({source.size / 1e6:.1f} MB) to {target}")
     _download(source, target / source.filename, spec, data_dir,
               where=f"put {source.filename} (SHA-256 {source.sha256}) in {target}")
@@ -171,11 +177,7 @@ def fetch(name, data_dir=None, force=False, log=print):
         else:
             log(f"{name}: already present in {where}; nothing to download")
             return where
-    target = home_dir(name, data_dir)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"fetch {name}: cannot create {target} ({e.strerror or e})") from None
+    target = _target_dir(name, data_dir)
     for source in spec.sources:
         dest = target / source.filename
         if dest.is_file() and sha256_file(dest) == source.sha256:

@@ -17,16 +17,28 @@ from mpitrain.nn.layers import Layer
 
 
 class _Elementwise(Layer):
-    """An activation applied elementwise: ``forward`` keeps the tensor its backward reads."""
+    """An activation applied elementwise: ``forward`` keeps the tensor its backward reads.
+
+    Where that is the output (Tanh, Sigmoid, Softmax), ``_kernel`` names the backend's pair:
+    ``kernels.<_kernel>(x, y)`` and ``kernels.<_kernel>_backward(y, grad_y, grad_x)``.
+    """
+
+    _kernel = None
 
     def _output(self, x):
         self._check_dtype(x)
         return self.workspace("y", tuple(x.shape))
 
-    def _grad_input(self, grad_y, need_input_grad):
-        if not need_input_grad:
-            return None
-        return self.workspace("grad_x", tuple(grad_y.shape))
+    def forward(self, x):
+        self._y = self._output(x)
+        getattr(self.kernels, self._kernel)(x, self._y)
+        return self._y
+
+    def backward(self, grad_y, need_input_grad=True):
+        grad_x = self._grad_input(tuple(grad_y.shape), need_input_grad)
+        if grad_x is not None:
+            getattr(self.kernels, self._kernel + "_backward")(self._y, grad_y, grad_x)
+        return grad_x
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -35,31 +47,13 @@ class _Elementwise(Layer):
 class Tanh(_Elementwise):
     """y = tanh(x); dy/dx = 1 - y**2."""
 
-    def forward(self, x):
-        self._y = self._output(x)
-        self.kernels.tanh(x, self._y)
-        return self._y
-
-    def backward(self, grad_y, need_input_grad=True):
-        grad_x = self._grad_input(grad_y, need_input_grad)
-        if grad_x is not None:
-            self.kernels.tanh_backward(self._y, grad_y, grad_x)
-        return grad_x
+    _kernel = "tanh"
 
 
 class Sigmoid(_Elementwise):
     """y = 1 / (1 + exp(-x)), without overflow for any x; dy/dx = y * (1 - y)."""
 
-    def forward(self, x):
-        self._y = self._output(x)
-        self.kernels.sigmoid(x, self._y)
-        return self._y
-
-    def backward(self, grad_y, need_input_grad=True):
-        grad_x = self._grad_input(grad_y, need_input_grad)
-        if grad_x is not None:
-            self.kernels.sigmoid_backward(self._y, grad_y, grad_x)
-        return grad_x
+    _kernel = "sigmoid"
 
 
 class LeakyReLU(_Elementwise):
@@ -79,7 +73,7 @@ class LeakyReLU(_Elementwise):
         return y
 
     def backward(self, grad_y, need_input_grad=True):
-        grad_x = self._grad_input(grad_y, need_input_grad)
+        grad_x = self._grad_input(tuple(grad_y.shape), need_input_grad)
         if grad_x is not None:
             self.kernels.leaky_relu_backward(self._x, grad_y, grad_x, self.negative_slope)
         return grad_x
@@ -92,16 +86,7 @@ class Softmax(_Elementwise):
     """y = exp(x - max) / sum(exp(x - max)) over the last axis (any leading shape);
     grad_x = y * (grad_y - sum(grad_y * y)) row by row."""
 
-    def forward(self, x):
-        self._y = self._output(x)
-        self.kernels.softmax(x, self._y)
-        return self._y
-
-    def backward(self, grad_y, need_input_grad=True):
-        grad_x = self._grad_input(grad_y, need_input_grad)
-        if grad_x is not None:
-            self.kernels.softmax_backward(self._y, grad_y, grad_x)
-        return grad_x
+    _kernel = "softmax"
 
 
 def softmax(logits, kernels=None):

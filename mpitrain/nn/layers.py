@@ -87,6 +87,10 @@ class Layer(Module):
             self._ws[key] = buf
         return buf if buf.shape[0] == shape[0] else buf[:shape[0]]
 
+    def _grad_input(self, shape, need_input_grad):
+        """The "grad_x" workspace of ``shape`` (the input's), or None when it is not needed."""
+        return self.workspace("grad_x", shape) if need_input_grad else None
+
     def _check_input(self, x, ndim, what):
         if x.ndim != ndim:
             raise ValueError(f"{type(self).__name__} expects {what}, got shape {tuple(x.shape)}")
@@ -168,10 +172,9 @@ class ReLU(Layer):
         return self._y
 
     def backward(self, grad_y, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        grad_x = self.workspace("grad_x", grad_y.shape)
-        self.kernels.relu_backward(self._y, grad_y, grad_x)
+        grad_x = self._grad_input(grad_y.shape, need_input_grad)
+        if grad_x is not None:
+            self.kernels.relu_backward(self._y, grad_y, grad_x)
         return grad_x
 
     def __repr__(self):
@@ -336,10 +339,9 @@ class MaxPool2D(_Pool2D):
         return y
 
     def backward(self, grad_y, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
-        self.kernels.maxpool_backward(grad_y, self._argmax, grad_x)
+        grad_x = self._grad_input(self._x_shape, need_input_grad)       # (N, C, H, W)
+        if grad_x is not None:
+            self.kernels.maxpool_backward(grad_y, self._argmax, grad_x)
         return grad_x
 
 
@@ -354,10 +356,9 @@ class AvgPool2D(_Pool2D):
         return y
 
     def backward(self, grad_y, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
-        self.kernels.avgpool_backward(grad_y, grad_x, self.kernel_size, self.stride)
+        grad_x = self._grad_input(self._x_shape, need_input_grad)       # (N, C, H, W)
+        if grad_x is not None:
+            self.kernels.avgpool_backward(grad_y, grad_x, self.kernel_size, self.stride)
         return grad_x
 
 
@@ -372,10 +373,9 @@ class GlobalAvgPool2d(Layer):
         return y
 
     def backward(self, grad_y, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        grad_x = self.workspace("grad_x", self._x_shape)                # (N, C, H, W)
-        self.kernels.global_avgpool_backward(grad_y, grad_x)
+        grad_x = self._grad_input(self._x_shape, need_input_grad)       # (N, C, H, W)
+        if grad_x is not None:
+            self.kernels.global_avgpool_backward(grad_y, grad_x)
         return grad_x
 
     def __repr__(self):

@@ -39,10 +39,9 @@ class ShortcutA(Layer):
         return y
 
     def backward(self, grad_y, need_input_grad=True):
-        if not need_input_grad:
-            return None
-        grad_x = self.workspace("grad_x", self._x_shape)                  # (N, C, H, W)
-        self.kernels.shortcut_backward(grad_y, grad_x, self.stride, self.offset)
+        grad_x = self._grad_input(self._x_shape, need_input_grad)         # (N, C, H, W)
+        if grad_x is not None:
+            self.kernels.shortcut_backward(grad_y, grad_x, self.stride, self.offset)
         return grad_x
 
     def __repr__(self):

@@ -7,7 +7,7 @@ with the 1-based step count.
 
 ``no_decay``: parameters that get weight_decay 0 (see optimizer.py).
 """
-from mpitrain.optim.optimizer import Optimizer
+from mpitrain.optim.optimizer import Optimizer, check_nonnegative
 
 
 class Adam(Optimizer):
@@ -39,8 +39,7 @@ class Adam(Optimizer):
                 raise ValueError(f"{type(self).__name__} {name} must be in [0, 1), got {b!r}")
         if not eps > 0:
             raise ValueError(f"{type(self).__name__} eps must be > 0, got {eps!r}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        check_nonnegative(weight_decay=weight_decay)
         self.beta1, self.beta2 = float(beta1), float(beta2)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         super().__init__(params, lr, no_decay)

@@ -20,6 +20,13 @@ def is_bias_or_norm(param):
     return param.data.ndim <= 1
 
 
+def check_nonnegative(**values):
+    """ValueError naming the first of ``values`` (in the order given) that is not >= 0."""
+    for name, value in values.items():
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
 class Optimizer:
     """Base of SGD, Adam and RMSprop: owns the parameter list, lr, the step count and the
     per-parameter state, and writes ``Parameter.data`` (nothing else does).

@@ -12,7 +12,7 @@ variants and L2 weight decay added to the gradient:
 Every buffer starts at zeros (PyTorch's too), so there is no bias correction and no step count
 in the rule. ``no_decay``: parameters that get weight_decay 0 (see optimizer.py).
 """
-from mpitrain.optim.optimizer import Optimizer
+from mpitrain.optim.optimizer import Optimizer, check_nonnegative
 
 
 class RMSprop(Optimizer):
@@ -45,10 +45,7 @@ class RMSprop(Optimizer):
             raise ValueError(f"RMSprop alpha must be in [0, 1), got {alpha!r}")
         if not eps > 0:
             raise ValueError(f"RMSprop eps must be > 0, got {eps!r}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-        if not momentum >= 0:
-            raise ValueError(f"momentum must be >= 0, got {momentum!r}")
+        check_nonnegative(weight_decay=weight_decay, momentum=momentum)
         self.alpha, self.eps = float(alpha), float(eps)
         self.weight_decay, self.momentum = float(weight_decay), float(momentum)
         self.centered = bool(centered)

@@ -8,7 +8,7 @@
 ``no_decay`` (a predicate such as ``is_bias_or_norm``, or one bool per parameter): those
 parameters get weight_decay 0 (see optimizer.py).
 """
-from mpitrain.optim.optimizer import Optimizer
+from mpitrain.optim.optimizer import Optimizer, check_nonnegative
 
 
 class SGD(Optimizer):
@@ -30,10 +30,7 @@ class SGD(Optimizer):
     _hyper = ("momentum", "nesterov", "weight_decay")
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0, no_decay=None):
-        if not momentum >= 0:
-            raise ValueError(f"momentum must be >= 0, got {momentum!r}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        check_nonnegative(momentum=momentum, weight_decay=weight_decay)
         if nesterov and momentum == 0:
             raise ValueError("nesterov=True needs momentum > 0")
         self.momentum = float(momentum)

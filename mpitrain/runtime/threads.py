@@ -107,24 +107,25 @@ def configure(threads=0, local_size=None):
 
 
 def _blas_libraries():
-    """Paths of loaded shared libraries that look like a BLAS (Linux: /proc/self/maps)."""
+    """The loaded shared libraries that look like a BLAS (Linux: /proc/self/maps), opened with
+    ctypes; one that cannot be opened is skipped."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if ".so" in line}
     except OSError:
-        return []
-    return sorted(p for p in paths if "blas" in os.path.basename(p).lower()
-                  or "mkl_rt" in os.path.basename(p))
+        return
+    for path in sorted(p for p in paths if "blas" in os.path.basename(p).lower()
+                       or "mkl_rt" in os.path.basename(p)):
+        try:
+            yield ctypes.CDLL(path)
+        except OSError:
+            continue
 
 
 def _blas_functions(symbols):
     """Per loaded BLAS library, the first of ``symbols`` it exports (libraries without one are
     skipped)."""
-    for path in _blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _blas_libraries():
         function = next((getattr(lib, s) for s in symbols if hasattr(lib, s)), None)
         if function is not None:
             yield function
@@ -145,11 +146,7 @@ def _shorten_blas_spin():
         return
     _spin_exported = str(BLAS_SPIN)
     os.environ["OPENBLAS_THREAD_TIMEOUT"] = _spin_exported
-    for path in _blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _blas_libraries():
         if not all(hasattr(lib, s) for s in ("openblas_read_env", "openblas_thread_timeout",
                                               "blas_thread_shutdown_")):
             continue
@@ -162,13 +159,8 @@ def _shorten_blas_spin():
 def blas_spin():
     """The OpenBLAS thread timeout read from the environment (log2 of cycles; 0: its default),
     None if no OpenBLAS is loaded; for tests and logs."""
-    for path in _blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if hasattr(lib, "openblas_thread_timeout"):
-            return int(lib.openblas_thread_timeout())
+    for timeout in _blas_functions(("openblas_thread_timeout",)):
+        return int(timeout())
     return None
 
 

@@ -15,7 +15,7 @@ bucket is reduced where it lies). They are taken afresh on every access, because
 import torch
 
 from mpitrain import kernels
-from mpitrain.torch.tensors import device_array
+from mpitrain.torch.tensors import array_of
 
 
 class TorchParameter:
@@ -70,11 +70,6 @@ class TorchParameter:
 
     def __repr__(self):
         return f"TorchParameter({self.name!r}, shape={self.shape}, dtype={self.tensor.dtype})"
-
-
-def array_of(tensor):
-    """The array sharing ``tensor``'s memory: a NumPy view on the CPU, a device array on CUDA."""
-    return tensor.numpy() if tensor.device.type == "cpu" else device_array(tensor)
 
 
 class TorchOptimizer:

@@ -265,7 +265,7 @@ class _AllgatherGrad(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's ``tensor`` concatenated along dimension 0, in rank order (first dimensions
     may differ across ranks, the others may not)."""
-    if wants_grad(tensor) and isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+    if wants_grad(tensor) and tensor.dim() > 0:
         return _AllgatherGrad.apply(tensor, name, process_set)
     return _allgather(tensor, name, process_set, False)
 

@@ -110,6 +110,11 @@ def device_array(tensor):
         return cupy.asarray(tensor)
 
 
+def array_of(tensor):
+    """The array sharing ``tensor``'s memory: a NumPy view on the CPU, a device array on CUDA."""
+    return tensor.numpy() if tensor.device.type == "cpu" else device_array(tensor)
+
+
 def as_tensor(array, like):
     """A result array as a tensor on ``like``'s device, sharing memory where it can."""
     if isinstance(array, np.ndarray):
@@ -149,7 +154,7 @@ class Bridge:
             self.copied = True
         self.view_dtype = t.dtype
         synchronize_device(tensor)
-        self.array = t.numpy() if t.device.type == "cpu" else device_array(t)
+        self.array = array_of(t)
 
     def back(self, result):
         """The caller's tensor from the collective's ``result`` array."""
