@@ -24,17 +24,19 @@ from mpitrain.nn.module import Module
 from mpitrain.nn.parameter import Parameter
 
 
-def _rng(seed):
+def generator(seed):
+    """``seed`` itself when it is a Generator, else ``np.random.default_rng(seed)``."""
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _check_positive(**values):
+def check_positive(**values):
+    """ValueError naming the first of ``values`` that is not a positive integer."""
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _zeroed_grad(param):
+def zeroed_grad(param):
     """``param.grad`` for a kernel that adds into it: zero-filled first when it was stale."""
     grad, accumulate = param.grad_target()
     if not accumulate:
@@ -87,6 +89,11 @@ class Layer(Module):
             self._ws[key] = buf
         return buf if buf.shape[0] == shape[0] else buf[:shape[0]]
 
+    def flat_workspace(self, key, shape, dtype=None):
+        """A reusable array of ``shape``, kept flat (by element count) so that any shape of
+        at most as many elements -- a shorter sequence, a smaller batch -- reuses it."""
+        return self.workspace(key, (math.prod(shape),), dtype).reshape(shape)
+
     def _grad_input(self, shape, need_input_grad):
         """The "grad_x" workspace of ``shape`` (the input's), or None when it is not needed."""
         return self.workspace("grad_x", shape) if need_input_grad else None
@@ -112,10 +119,11 @@ class Linear(Layer):
     def __init__(self, in_features, out_features, relu=False, seed=0, dtype=np.float32,
                  kernels=None, init=None, bias=True):
         super().__init__(kernels, dtype)
-        _check_positive(in_features=in_features, out_features=out_features)
+        check_positive(in_features=in_features, out_features=out_features)
         self.in_features, self.out_features, self.relu = in_features, out_features, bool(relu)
         scheme = init or ("he" if relu else "glorot")
-        w = init_weight(_rng(seed), (out_features, in_features), in_features, out_features, scheme)
+        w = init_weight(generator(seed), (out_features, in_features), in_features, out_features,
+                        scheme)
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
         self.bias = None
         if bias:
@@ -153,7 +161,7 @@ class Linear(Layer):
         grad_w, acc = self.weight.grad_target()                         # (out, in)
         k.gemm(g, x, grad_w, trans_a=True, accumulate=acc)
         if self.bias is not None:
-            k.bias_grad(g, _zeroed_grad(self.bias))                     # (out,)
+            k.bias_grad(g, zeroed_grad(self.bias))                     # (out,)
         if not need_input_grad:
             return None
         grad_x = self.workspace("grad_x", x.shape)                      # (rows, in)
@@ -207,7 +215,7 @@ class Conv2D(Layer):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, relu=False,
                  seed=0, dtype=np.float32, kernels=None, init=None, bias=True):
         super().__init__(kernels, dtype)
-        _check_positive(in_channels=in_channels, out_channels=out_channels,
+        check_positive(in_channels=in_channels, out_channels=out_channels,
                         kernel_size=kernel_size, stride=stride)
         if not isinstance(padding, (int, np.integer)) or padding < 0:
             raise ValueError(f"padding must be a non-negative integer, got {padding!r}")
@@ -217,7 +225,7 @@ class Conv2D(Layer):
         fan_in = in_channels * kernel_size * kernel_size
         fan_out = out_channels * kernel_size * kernel_size
         scheme = init or ("he" if relu else "glorot")
-        w = init_weight(_rng(seed), (out_channels, in_channels, kernel_size, kernel_size),
+        w = init_weight(generator(seed), (out_channels, in_channels, kernel_size, kernel_size),
                         fan_in, fan_out, scheme)
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
         self.bias = None
@@ -281,7 +289,7 @@ class Conv2D(Layer):
         grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
         k.gemm(g, self._cols, self._w2d(grad_w), trans_a=True, accumulate=acc)
         if self.bias is not None:
-            k.bias_grad(g, _zeroed_grad(self.bias))
+            k.bias_grad(g, zeroed_grad(self.bias))
         if not need_input_grad:
             return None
         d_cols = self._cols                                             # (N*OH*OW, C*K*K)
@@ -292,7 +300,7 @@ class Conv2D(Layer):
 
     def _fused_backward(self, grad_y, need_input_grad):
         grad_w, acc = self.weight.grad_target()                         # (OC, C, K, K)
-        grad_b = None if self.bias is None else _zeroed_grad(self.bias)   # (OC,)
+        grad_b = None if self.bias is None else zeroed_grad(self.bias)   # (OC,)
         grad_x = self.workspace("grad_x", self._x.shape) if need_input_grad else None
         self.kernels.conv2d_backward(self._x, self.weight.data, self._y, grad_y, self.stride,
                                      self.padding, self.relu, grad_w, acc, grad_b, grad_x)
@@ -310,7 +318,7 @@ class _Pool2D(Layer):
     def __init__(self, kernel_size, stride=None, kernels=None, dtype=np.float32):
         super().__init__(kernels, dtype)
         stride = kernel_size if stride is None else stride
-        _check_positive(kernel_size=kernel_size, stride=stride)
+        check_positive(kernel_size=kernel_size, stride=stride)
         self.kernel_size, self.stride = kernel_size, stride
 
     def _output_shape(self, x):
@@ -394,7 +402,7 @@ class Dropout(Layer):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
         self.p = float(p)
-        self._base = int(_rng(seed).integers(0, 2 ** 32))
+        self._base = int(generator(seed).integers(0, 2 ** 32))
         self.calls = 0
 
     def next_seed(self):

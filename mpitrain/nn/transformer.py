@@ -27,30 +27,13 @@ import math
 
 import numpy as np
 
-from mpitrain.nn.layers import Dropout, Layer, Linear
+from mpitrain.nn.layers import (Dropout, Layer, Linear, check_positive, generator,
+                                  zeroed_grad)
 from mpitrain.nn.module import Module, chain_backward, chain_forward
 from mpitrain.nn.parameter import Parameter
 from mpitrain.nn.sequential import Sequential
 
 STD = 0.02          # GPT-2's initial standard deviation of the weights
-
-
-def _generator(seed):
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-
-
-def _positive(**values):
-    for name, value in values.items():
-        if not isinstance(value, (int, np.integer)) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _grad_for_add(param):
-    """``param.grad`` for a kernel that adds into it: zero-filled first when it was stale."""
-    grad, accumulate = param.grad_target()
-    if not accumulate:
-        param.kernels.fill(grad, 0)
-    return grad
 
 
 def _normal_linear(in_features, out_features, std, rng, bias, dtype, kernels):
@@ -61,14 +44,7 @@ def _normal_linear(in_features, out_features, std, rng, bias, dtype, kernels):
     return layer
 
 
-class _Rows(Layer):
-    """A Layer whose workspaces are flat (sized by element count) and viewed in any shape."""
-
-    def buf(self, key, shape, dtype=None):
-        return self.workspace(key, (math.prod(shape),), dtype).reshape(shape)
-
-
-class Embedding(_Rows):
+class Embedding(Layer):
     """ids (B, T) (any integer shape) -> rows of ``weight`` (num, dim): (B, T, dim).
 
     Backward scatter-adds the output gradient into the rows of ``weight.grad`` the ids picked;
@@ -78,37 +54,37 @@ class Embedding(_Rows):
     def __init__(self, num_embeddings, embedding_dim, seed=0, dtype=np.float32, kernels=None,
                  std=STD):
         super().__init__(kernels, dtype)
-        _positive(num_embeddings=num_embeddings, embedding_dim=embedding_dim)
+        check_positive(num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        w = _generator(seed).standard_normal((num_embeddings, embedding_dim)) * std
+        w = generator(seed).standard_normal((num_embeddings, embedding_dim)) * std
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
 
     def forward(self, ids):
         if np.dtype(ids.dtype).kind not in "iu":
             raise ValueError(f"Embedding expects integer ids, got dtype {ids.dtype}")
-        out = self.buf("y", tuple(ids.shape) + (self.embedding_dim,))  # (B, T, C)
+        out = self.flat_workspace("y", tuple(ids.shape) + (self.embedding_dim,))  # (B, T, C)
         self.kernels.embedding_forward(ids, self.weight.data, out)
         self._ids = ids
         return out
 
     def backward(self, grad_y, need_input_grad=True):
-        self.kernels.embedding_backward(self._ids, grad_y, _grad_for_add(self.weight))
+        self.kernels.embedding_backward(self._ids, grad_y, zeroed_grad(self.weight))
         return None
 
     def __repr__(self):
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"
 
 
-class PositionalEmbedding(_Rows):
+class PositionalEmbedding(Layer):
     """x (B, T, C) -> x + weight[:T], weight (block_size, C); its gradient is the output
     gradient summed over the batch, and the input gradient the output gradient itself."""
 
     def __init__(self, block_size, embedding_dim, seed=0, dtype=np.float32, kernels=None,
                  std=STD):
         super().__init__(kernels, dtype)
-        _positive(block_size=block_size, embedding_dim=embedding_dim)
+        check_positive(block_size=block_size, embedding_dim=embedding_dim)
         self.block_size, self.embedding_dim = block_size, embedding_dim
-        w = _generator(seed).standard_normal((block_size, embedding_dim)) * std
+        w = generator(seed).standard_normal((block_size, embedding_dim)) * std
         self.weight = self._params["weight"] = Parameter(w.astype(self.dtype), self.kernels)
 
     def forward(self, x):
@@ -118,7 +94,7 @@ class PositionalEmbedding(_Rows):
             raise ValueError(f"PositionalEmbedding({self.block_size}, {self.embedding_dim}) "
                              f"got input shape {tuple(x.shape)}")
         k = self.kernels
-        y = self.buf("y", (b, t * c))                                   # (B, T*C)
+        y = self.flat_workspace("y", (b, t * c))                                   # (B, T*C)
         k.copy(y, x.reshape((b, t * c)))
         k.bias_act(y, self.weight.data[:t].reshape(-1), False)
         self._t = t
@@ -126,7 +102,7 @@ class PositionalEmbedding(_Rows):
 
     def backward(self, grad_y, need_input_grad=True):
         b, t, c = grad_y.shape
-        grad = _grad_for_add(self.weight)                               # (block_size, C)
+        grad = zeroed_grad(self.weight)                               # (block_size, C)
         self.kernels.bias_grad(grad_y.reshape((b, t * c)), grad[:t].reshape(-1))
         return grad_y if need_input_grad else None
 
@@ -134,13 +110,13 @@ class PositionalEmbedding(_Rows):
         return f"PositionalEmbedding({self.block_size}, {self.embedding_dim})"
 
 
-class LayerNorm(_Rows):
+class LayerNorm(Layer):
     """y = (x - mean) / sqrt(var + eps) * weight + bias over the last axis (C); ``bias=False``
     leaves the bias out (nanoGPT's option)."""
 
     def __init__(self, normalized_shape, eps=1e-5, bias=True, dtype=np.float32, kernels=None):
         super().__init__(kernels, dtype)
-        _positive(normalized_shape=normalized_shape)
+        check_positive(normalized_shape=normalized_shape)
         self.normalized_shape, self.eps = normalized_shape, float(eps)
         c = normalized_shape
         self.weight = self._params["weight"] = Parameter(np.ones(c, self.dtype), self.kernels)
@@ -158,9 +134,9 @@ class LayerNorm(_Rows):
         if len(shape) < 2 or shape[-1] != c:
             raise ValueError(f"LayerNorm({c}) expects (..., {c}), got shape {shape}")
         n = x.size // c
-        y = self.buf("y", tuple(x.shape))                               # like x
-        self._mean = self.buf("mean", (n,))                             # (n,)
-        self._rstd = self.buf("rstd", (n,))
+        y = self.flat_workspace("y", tuple(x.shape))                               # like x
+        self._mean = self.flat_workspace("mean", (n,))                             # (n,)
+        self._rstd = self.flat_workspace("rstd", (n,))
         bias = self._zeros if self.bias is None else self.bias.data
         self.kernels.layernorm_forward(x, self.weight.data, bias, y, self._mean, self._rstd,
                                        self.eps)
@@ -180,7 +156,7 @@ class LayerNorm(_Rows):
                     self.kernels.fill(grad_w, 0)
                 acc = True
         # the kernel always forms grad_x; a throwaway workspace when it is not needed
-        grad_x = self.buf("grad_x", tuple(self._x.shape))
+        grad_x = self.flat_workspace("grad_x", tuple(self._x.shape))
         self.kernels.layernorm_backward(grad_y, self._x, self._mean, self._rstd,
                                         self.weight.data, grad_x, grad_w, grad_b, acc)
         return grad_x if need_input_grad else None
@@ -190,12 +166,12 @@ class LayerNorm(_Rows):
                 f"{'' if self.bias is not None else ', bias=False'})")
 
 
-class GELU(_Rows):
+class GELU(Layer):
     """GPT-2's tanh approximation of GELU, elementwise (any shape)."""
 
     def forward(self, x):
         self._check_dtype(x)
-        y = self.buf("y", tuple(x.shape))
+        y = self.flat_workspace("y", tuple(x.shape))
         self.kernels.gelu(x, y)
         self._x = x
         return y
@@ -203,7 +179,7 @@ class GELU(_Rows):
     def backward(self, grad_y, need_input_grad=True):
         if not need_input_grad:
             return None
-        grad_x = self.buf("grad_x", tuple(grad_y.shape))
+        grad_x = self.flat_workspace("grad_x", tuple(grad_y.shape))
         self.kernels.gelu_backward(self._x, grad_y, grad_x)
         return grad_x
 
@@ -211,7 +187,7 @@ class GELU(_Rows):
         return "GELU()"
 
 
-class CausalSelfAttention(_Rows):
+class CausalSelfAttention(Layer):
     """Multi-head causal self-attention on (B, T, C): fused QKV projection ``c_attn`` (C -> 3C),
     softmax(q k^T / sqrt(D)) over the past and present, attention dropout, the heads' outputs
     joined and projected by ``c_proj`` (C -> C), residual dropout."""
@@ -219,10 +195,10 @@ class CausalSelfAttention(_Rows):
     def __init__(self, n_embd, n_head, dropout=0.0, bias=True, seed=0, dtype=np.float32,
                  kernels=None, proj_std=STD):
         super().__init__(kernels, dtype)
-        _positive(n_embd=n_embd, n_head=n_head)
+        check_positive(n_embd=n_embd, n_head=n_head)
         if n_embd % n_head:
             raise ValueError(f"n_embd {n_embd} is not a multiple of n_head {n_head}")
-        rng = _generator(seed)
+        rng = generator(seed)
         self.n_embd, self.n_head, self.head_dim = n_embd, n_head, n_embd // n_head
         kw = dict(bias=bias, dtype=dtype, kernels=self.kernels)
         self.add_child("c_attn", _normal_linear(n_embd, 3 * n_embd, STD, rng, **kw))
@@ -238,16 +214,16 @@ class CausalSelfAttention(_Rows):
         h, d, k = self.n_head, self.head_dim, self.kernels
         g = b * h
         qkv = self.c_attn.forward_through(x)                            # (B, T, 3C)
-        heads = self.buf("heads", (3, b, h, t, d))                      # q, k, v
+        heads = self.flat_workspace("heads", (3, b, h, t, d))                      # q, k, v
         k.to_heads(qkv.reshape((b, t, 3, h, d)), heads)
         q, key, v = (heads[i].reshape((g, t, d)) for i in range(3))
-        att = self.buf("att", (g, t, t))                                # (G, T, T)
+        att = self.flat_workspace("att", (g, t, t))                                # (G, T, T)
         k.batched_gemm(q, key, att, trans_b=True)
         k.causal_softmax(att, att, self.scale)
         att_d = self.attn_dropout.forward_through(att)
-        y = self.buf("y", (1, b, h, t, d))                              # (1, B, H, T, D)
+        y = self.flat_workspace("y", (1, b, h, t, d))                              # (1, B, H, T, D)
         k.batched_gemm(att_d, v, y.reshape((g, t, d)))
-        joined = self.buf("joined", (b, t, 1, h, d))                    # (B, T, 1, H, D)
+        joined = self.flat_workspace("joined", (b, t, 1, h, d))                    # (B, T, 1, H, D)
         k.from_heads(y, joined)
         out = self.c_proj.forward_through(joined.reshape((b, t, c)))    # (B, T, C)
         self._shape, self._heads, self._att, self._att_d = (b, t, c), heads, att, att_d
@@ -262,20 +238,20 @@ class CausalSelfAttention(_Rows):
         g = b * h
         gy = self.resid_dropout.backward_through(grad_y, True, on_layer_done)
         gy = self.c_proj.backward_through(gy, True, on_layer_done)     # (B, T, C)
-        gy_heads = self.buf("gy_heads", (1, b, h, t, d))
+        gy_heads = self.flat_workspace("gy_heads", (1, b, h, t, d))
         k.to_heads(gy.reshape((b, t, 1, h, d)), gy_heads)
         gy3 = gy_heads.reshape((g, t, d))
         q, key, v = (self._heads[i].reshape((g, t, d)) for i in range(3))
-        d_heads = self.buf("d_heads", (3, b, h, t, d))
+        d_heads = self.flat_workspace("d_heads", (3, b, h, t, d))
         dq, dk, dv = (d_heads[i].reshape((g, t, d)) for i in range(3))
-        d_att = self.buf("d_att", (g, t, t))                            # (G, T, T)
+        d_att = self.flat_workspace("d_att", (g, t, t))                            # (G, T, T)
         k.batched_gemm(gy3, v, d_att, trans_b=True)
         k.batched_gemm(self._att_d, gy3, dv, trans_a=True)
         d_att = self.attn_dropout.backward_through(d_att, True, on_layer_done)
         k.causal_softmax_backward(self._att, d_att, d_att, self.scale)
         k.batched_gemm(d_att, key, dq)
         k.batched_gemm(d_att, q, dk, trans_a=True)
-        d_qkv = self.buf("d_qkv", (b, t, 3, h, d))
+        d_qkv = self.flat_workspace("d_qkv", (b, t, 3, h, d))
         k.from_heads(d_heads, d_qkv)
         return self.c_attn.backward_through(d_qkv.reshape((b, t, 3 * c)), need_input_grad,
                                             on_layer_done)
@@ -290,7 +266,7 @@ class MLP(Module):
     def __init__(self, n_embd, dropout=0.0, bias=True, seed=0, dtype=np.float32, kernels=None,
                  proj_std=STD):
         super().__init__()
-        rng = _generator(seed)
+        rng = generator(seed)
         kw = dict(bias=bias, dtype=dtype, kernels=kernels)
         self.add_child("c_fc", _normal_linear(n_embd, 4 * n_embd, STD, rng, **kw))
         self.kernels = self.c_fc.kernels
@@ -306,13 +282,13 @@ class MLP(Module):
         return chain_backward(self._chain, grad_y, need_input_grad, on_layer_done)
 
 
-class Block(_Rows):
+class Block(Layer):
     """Pre-LN transformer block: h = x + attn(ln_1(x)); out = h + mlp(ln_2(h))."""
 
     def __init__(self, n_embd, n_head, dropout=0.0, bias=True, seed=0, dtype=np.float32,
                  kernels=None, proj_std=STD):
         super().__init__(kernels, dtype)
-        rng = _generator(seed)
+        rng = generator(seed)
         kw = dict(dtype=dtype, kernels=self.kernels)
         self.add_child("ln_1", LayerNorm(n_embd, bias=bias, **kw))
         self.add_child("attn", CausalSelfAttention(n_embd, n_head, dropout, bias, seed=rng,
@@ -321,7 +297,7 @@ class Block(_Rows):
         self.add_child("mlp", MLP(n_embd, dropout, bias, seed=rng, proj_std=proj_std, **kw))
 
     def _residual(self, key, a, b):
-        out = self.buf(key, tuple(a.shape))
+        out = self.flat_workspace(key, tuple(a.shape))
         self.kernels.copy(out, a)
         self.kernels.add(out, b)
         return out
@@ -343,7 +319,7 @@ class Block(_Rows):
         return self._residual("grad_x", grad_h, g) if need_input_grad else None
 
 
-class _TiedHead(_Rows):
+class _TiedHead(Layer):
     """logits (B, T, V) = x (B, T, C) @ weight.T for a Parameter owned elsewhere (the token
     embedding's): its gradient is added into that Parameter, which this layer does not list."""
 
@@ -354,7 +330,7 @@ class _TiedHead(_Rows):
     def forward(self, x):
         b, t, c = x.shape
         w = self._weight.data                                           # (V, C)
-        logits = self.buf("logits", (b, t, w.shape[0]))                 # (B, T, V)
+        logits = self.flat_workspace("logits", (b, t, w.shape[0]))                 # (B, T, V)
         self._x = x.reshape((b * t, c))
         self.kernels.gemm(self._x, w, logits.reshape((b * t, w.shape[0])), trans_b=True)
         return logits
@@ -366,7 +342,7 @@ class _TiedHead(_Rows):
         self.kernels.gemm(g, self._x, grad_w, trans_a=True, accumulate=acc)
         if not need_input_grad:
             return None
-        grad_x = self.buf("grad_x", (b, t, self._x.shape[1]))           # (B, T, C)
+        grad_x = self.flat_workspace("grad_x", (b, t, self._x.shape[1]))           # (B, T, C)
         self.kernels.gemm(g, self._weight.data, grad_x.reshape(self._x.shape))
         return grad_x
 
@@ -381,7 +357,7 @@ class GPT(Module):
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0, bias=True,
                  seed=0, dtype=np.float32, kernels=None):
         super().__init__()
-        _positive(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+        check_positive(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                   n_embd=n_embd)
         if n_embd % n_head:
             raise ValueError(f"n_embd {n_embd} is not a multiple of n_head {n_head}")
