@@ -1,5 +1,5 @@
 """The Numba flavour's GEMM (tiled in shared memory, register-blocked, K split where the output
-has too few tiles to fill the GPU: ``_make_gemm``, ``_gemm_splits``), dense-layer kernels and
+has too few tiles to fill the GPU: ``make_gemm``, ``_gemm_splits``), dense-layer kernels and
 activations."""
 import functools
 import math
@@ -10,9 +10,9 @@ from numba import cuda, float64, from_dtype
 from mpitrain.kernels import checks
 from mpitrain.kernels.cuda_numba.arrays import SIM, dev, flat, grid, launch, scalar, scratch
 
-_TILE = 4 if SIM else 16           # GEMM threads per block edge (_TILE**2 threads)
-_MICRO = 2 if SIM else 4           # GEMM outputs per thread edge: block tile _TILE * _MICRO
-_MAX_GEMM_BLOCKS = 2 if SIM else 2**31 - 1
+TILE = 4 if SIM else 16           # GEMM threads per block edge (TILE**2 threads)
+MICRO = 2 if SIM else 4           # GEMM outputs per thread edge: block tile TILE * MICRO
+MAX_GEMM_BLOCKS = 2 if SIM else 2**31 - 1
 
 # Split K. A convolution's weight gradient has a small output (C_out x C*kh*kw, one to a few
 # dozen 64 x 64 tiles) and a long K (N*OH*OW, 50,000 and more): with one block per tile most
@@ -35,7 +35,7 @@ def _gemm_splits(tiles, kdim):
     """The number of K splits for ``tiles`` output tiles and K = ``kdim`` (1: K is not split).
     Split s covers the K-stages [s * per, (s + 1) * per), per = ceil(stages / S); S is the
     fewest splits of that length, so none is empty."""
-    stages = (kdim + _TILE - 1) // _TILE
+    stages = (kdim + TILE - 1) // TILE
     wanted = _gemm_blocks_wanted()
     if tiles >= wanted or stages < 2 * _SPLIT_MIN_STAGES:
         return 1
@@ -45,104 +45,125 @@ def _gemm_splits(tiles, kdim):
 
 
 @functools.cache
-def _make_gemm(dtype, split):
+def make_gemm(dtype, split=False, batched=False):
     """Tiled shared-memory GEMM for one dtype (shared arrays need the dtype at compile time;
-    one kernel per dtype and ``split``, made at its first use).
+    one kernel per dtype and kind, made at its first use).
 
-    A block of _TILE x _TILE threads computes a _BM x _BM output tile (_BM = _TILE * _MICRO):
-    each thread accumulates _MICRO x _MICRO outputs in registers, rows ty + p*_TILE and columns
-    tx + q*_TILE, so one value read from shared memory feeds _MICRO multiply-adds. K advances in
-    stages of _TILE: every thread loads _MICRO elements of op(a) and of op(b), with consecutive
+    A block of TILE x TILE threads computes a _BM x _BM output tile (_BM = TILE * MICRO):
+    each thread accumulates MICRO x MICRO outputs in registers, rows ty + p*TILE and columns
+    tx + q*TILE, so one value read from shared memory feeds MICRO multiply-adds. K advances in
+    stages of TILE: every thread loads MICRO elements of op(a) and of op(b), with consecutive
     threads on the operand's contiguous axis (coalesced for either transpose).
 
     With ``split``, ``out`` is the scratch (S, M, N): the blocks walk (split, tile) pairs, and
-    split s stores the product over its K-stages (``_gemm_splits``) in out[s].
+    split s stores the product over its K-stages (``_gemm_splits``) in out[s]. With
+    ``batched``, a, b and out have a leading group axis (G, ...) on the grid's y axis
+    (transformer.py's batched_gemm; no K split: attention's products have many tiles). Every
+    kind runs ``tile``, so that kernel is made here too: under the simulator a device function
+    must be in its kernel's module (arrays.py).
     """
     nbt = from_dtype(np.dtype(dtype))
-    tt, micro, bm = _TILE, _MICRO, _TILE * _MICRO       # compile-time constants (closure)
-    bk = _TILE
+    tt, micro, bm = TILE, MICRO, TILE * MICRO       # compile-time constants (closure)
+    bk = TILE
     bk_pad, bm_pad = bk + 1, bm + 1                     # +1: no shared-memory bank conflicts
 
-    if split:
-        @cuda.jit(device=True)
-        def store(out, s, r, c, v, accumulate):
-            out[s, r, c] = v
-    else:
-        @cuda.jit(device=True)
-        def store(out, s, r, c, v, accumulate):
-            if accumulate:
-                out[r, c] += v
-            else:
-                out[r, c] = v
+    @cuda.jit(device=True)
+    def tile(a, b, out, row0, col0, k_begin, k_end, trans_a, trans_b, accumulate):
+        # out[row0:row0 + bm, col0:col0 + bm] (=|+=) the tile of op(a) (M, K) @ op(b) (K, N)
+        # over the K range [k_begin, k_end); a, b, out 2-D (every thread of the block calls)
+        sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
+        sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
+        acc = cuda.local.array((micro, micro), nbt)
+        m, n = out.shape
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * tt + tx
+        for p in range(micro):
+            for q in range(micro):
+                acc[p, q] = 0
+        for k0 in range(k_begin, k_end, bk):
+            for e in range(micro):                      # bm * bk = micro * tt**2 elements
+                idx = e * tt * tt + tid
+                if trans_a:                             # a (K, M): i is contiguous
+                    i = idx % bm
+                    kk = idx // bm
+                    r = row0 + i
+                    kg = k0 + kk
+                    sa[i, kk] = a[kg, r] if (r < m and kg < k_end) else nbt(0)
+                else:                                   # a (M, K): k is contiguous
+                    kk = idx % bk
+                    i = idx // bk
+                    r = row0 + i
+                    kg = k0 + kk
+                    sa[i, kk] = a[r, kg] if (r < m and kg < k_end) else nbt(0)
+                if trans_b:                             # b (N, K): k is contiguous
+                    kk = idx % bk
+                    j = idx // bk
+                    c = col0 + j
+                    kg = k0 + kk
+                    sb[kk, j] = b[c, kg] if (c < n and kg < k_end) else nbt(0)
+                else:                                   # b (K, N): j is contiguous
+                    j = idx % bm
+                    kk = idx // bm
+                    c = col0 + j
+                    kg = k0 + kk
+                    sb[kk, j] = b[kg, c] if (c < n and kg < k_end) else nbt(0)
+            cuda.syncthreads()
+            for kk in range(bk):
+                for p in range(micro):
+                    av = sa[ty + p * tt, kk]
+                    for q in range(micro):
+                        acc[p, q] += av * sb[kk, tx + q * tt]
+            cuda.syncthreads()
+        for p in range(micro):
+            r = row0 + ty + p * tt
+            for q in range(micro):
+                c = col0 + tx + q * tt
+                if r < m and c < n:
+                    if accumulate:
+                        out[r, c] += acc[p, q]
+                    else:
+                        out[r, c] = acc[p, q]
+
+    if batched:
+        @cuda.jit
+        def batched_gemm_k(a, b, out, trans_a, trans_b, accumulate):
+            # out[g] (M, N) (=|+=) op(a[g]) (M, K) @ op(b[g]) (K, N); block (x, y) computes the
+            # tiles x, x + gridDim.x, ... of the groups y, y + gridDim.y, ...
+            groups, m, n = out.shape
+            kdim = a.shape[1] if trans_a else a.shape[2]
+            tiles_n = (n + bm - 1) // bm
+            tiles = ((m + bm - 1) // bm) * tiles_n
+            for g in range(cuda.blockIdx.y, groups, cuda.gridDim.y):
+                for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                    tile(a[g], b[g], out[g], (t // tiles_n) * bm, (t % tiles_n) * bm, 0, kdim,
+                         trans_a, trans_b, accumulate)
+
+        return batched_gemm_k
 
     @cuda.jit
     def gemm_k(a, b, out, trans_a, trans_b, accumulate):
         # out (M, N) (=|+=) op(a) (M, K) @ op(b) (K, N); block b computes the (split, tile)
         # pairs b, b + gridDim.x, ... (one per block on a GPU; few blocks under the simulator)
-        sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
-        sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
-        acc = cuda.local.array((micro, micro), nbt)
         m, n = out.shape[-2], out.shape[-1]
         splits = out.shape[0] if split else 1
         kdim = a.shape[0] if trans_a else a.shape[1]
         kchunk = (((kdim + bk - 1) // bk + splits - 1) // splits) * bk
         tiles_n = (n + bm - 1) // bm
         tiles = ((m + bm - 1) // bm) * tiles_n
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tt + tx
         for st in range(cuda.blockIdx.x, tiles * splits, cuda.gridDim.x):
             s = st // tiles
             t = st - s * tiles
-            row0 = (t // tiles_n) * bm
-            col0 = (t % tiles_n) * bm
             k_begin = s * kchunk
             k_end = k_begin + kchunk
             if k_end > kdim:            # not min(): see _bn_stats_k
                 k_end = kdim
-            for p in range(micro):
-                for q in range(micro):
-                    acc[p, q] = 0
-            for k0 in range(k_begin, k_end, bk):
-                for e in range(micro):                  # bm * bk = micro * tt**2 elements
-                    idx = e * tt * tt + tid
-                    if trans_a:                         # a (K, M): i is contiguous
-                        i = idx % bm
-                        kk = idx // bm
-                        r = row0 + i
-                        kg = k0 + kk
-                        sa[i, kk] = a[kg, r] if (r < m and kg < k_end) else nbt(0)
-                    else:                               # a (M, K): k is contiguous
-                        kk = idx % bk
-                        i = idx // bk
-                        r = row0 + i
-                        kg = k0 + kk
-                        sa[i, kk] = a[r, kg] if (r < m and kg < k_end) else nbt(0)
-                    if trans_b:                         # b (N, K): k is contiguous
-                        kk = idx % bk
-                        j = idx // bk
-                        c = col0 + j
-                        kg = k0 + kk
-                        sb[kk, j] = b[c, kg] if (c < n and kg < k_end) else nbt(0)
-                    else:                               # b (K, N): j is contiguous
-                        j = idx % bm
-                        kk = idx // bm
-                        c = col0 + j
-                        kg = k0 + kk
-                        sb[kk, j] = b[kg, c] if (c < n and kg < k_end) else nbt(0)
-                cuda.syncthreads()
-                for kk in range(bk):
-                    for p in range(micro):
-                        av = sa[ty + p * tt, kk]
-                        for q in range(micro):
-                            acc[p, q] += av * sb[kk, tx + q * tt]
-                cuda.syncthreads()
-            for p in range(micro):
-                r = row0 + ty + p * tt
-                for q in range(micro):
-                    c = col0 + tx + q * tt
-                    if r < m and c < n:
-                        store(out, s, r, c, acc[p, q], accumulate)
+            row0 = (t // tiles_n) * bm
+            col0 = (t % tiles_n) * bm
+            if split:                   # a constant: Numba types the branch taken only
+                tile(a, b, out[s], row0, col0, k_begin, k_end, trans_a, trans_b, False)
+            else:
+                tile(a, b, out, row0, col0, k_begin, k_end, trans_a, trans_b, accumulate)
 
     return gemm_k
 
@@ -174,15 +195,15 @@ def gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
                          f"-> out {out.shape}")
     if m == 0 or n == 0:
         return
-    bm = _TILE * _MICRO
+    bm = TILE * MICRO
     tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
     splits = _gemm_splits(tiles, ka)
     if splits == 1:
-        _make_gemm(out.dtype, False)[min(tiles, _MAX_GEMM_BLOCKS), (_TILE, _TILE)](
+        make_gemm(out.dtype, False)[min(tiles, MAX_GEMM_BLOCKS), (TILE, TILE)](
             a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
         return
     part = scratch((splits, m, n), out.dtype)
-    _make_gemm(out.dtype, True)[min(tiles * splits, _MAX_GEMM_BLOCKS), (_TILE, _TILE)](
+    make_gemm(out.dtype, True)[min(tiles * splits, MAX_GEMM_BLOCKS), (TILE, TILE)](
         a, b, part, bool(trans_a), bool(trans_b), False)
     _gemm_sum_k[grid(m * n)](part, out, bool(accumulate))
 

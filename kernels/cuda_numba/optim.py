@@ -29,15 +29,22 @@ def sgd_update(param, grad, buf, lr, momentum, nesterov, weight_decay):
 
 
 @half_safe
-def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, weight_decay, inv_sqrt_bc2):
+def _adam_k(param, grad, m, v, step_size, beta1, beta2, eps, decay, decoupled, inv_sqrt_bc2):
+    # Adam adds decay * param to the gradient; AdamW (``decoupled``) multiplies param by decay
+    # (1 - lr * weight_decay) instead, before the update
     one = param.dtype.type(1)
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        g = grad[i] + weight_decay * param[i]
+        p = param[i]
+        g = grad[i]
+        if decoupled:
+            p = p * decay
+        else:
+            g = g + decay * p
         mi = beta1 * m[i] + (one - beta1) * g
         vi = beta2 * v[i] + (one - beta2) * g * g
         m[i] = mi
         v[i] = vi
-        param[i] = param[i] - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
+        param[i] = p - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
 
 
 def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
@@ -50,20 +57,7 @@ def adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
         s = lambda x: scalar(param, x)  # noqa: E731
         _adam_k.pick(param, grad, m, v)[grid(param.size)](
             param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1), s(beta2), s(eps),
-            s(weight_decay), s(1 / math.sqrt(1 - beta2 ** step)))
-
-
-@half_safe
-def _adamw_k(param, grad, m, v, step_size, beta1, beta2, eps, decay, inv_sqrt_bc2):
-    one = param.dtype.type(1)
-    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        g = grad[i]
-        mi = beta1 * m[i] + (one - beta1) * g
-        vi = beta2 * v[i] + (one - beta2) * g * g
-        m[i] = mi
-        v[i] = vi
-        p = param[i] * decay
-        param[i] = p - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
+            s(weight_decay), False, s(1 / math.sqrt(1 - beta2 ** step)))
 
 
 def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
@@ -74,9 +68,9 @@ def adamw_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     if param.size:
         # PyTorch AdamW: param *= 1 - lr*wd, then Adam's update (no decay in the gradient)
         s = lambda x: scalar(param, x)  # noqa: E731
-        _adamw_k.pick(param, grad, m, v)[grid(param.size)](
+        _adam_k.pick(param, grad, m, v)[grid(param.size)](
             param, grad, m, v, s(lr / (1 - beta1 ** step)), s(beta1), s(beta2), s(eps),
-            s(1 - lr * weight_decay), s(1 / math.sqrt(1 - beta2 ** step)))
+            s(1 - lr * weight_decay), True, s(1 / math.sqrt(1 - beta2 ** step)))
 
 
 @half_safe

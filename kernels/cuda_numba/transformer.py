@@ -15,22 +15,19 @@ forward and is skipped by the gradient, and reads nothing out of bounds. The arg
 the backends' common ones (kernels/checks.py) with the contract's dtypes; every array must be
 C-contiguous.
 """
-import functools
 import math
 
 import numpy as np
-from numba import cuda, float64, from_dtype
+from numba import cuda, float64
 
 from mpitrain.kernels import checks
 from mpitrain.kernels.cuda_numba.arrays import SIM, dev, grid, launch, scratch
+from mpitrain.kernels.cuda_numba.dense import MAX_GEMM_BLOCKS, MICRO, TILE, make_gemm
 
 _ROW = 8 if SIM else 128            # threads per block of the row kernels (a power of two)
 _ROW_BLOCKS = 2 if SIM else 2**31 - 1
 _LN_CHUNK = 4 if SIM else 64        # rows per partial sum of LayerNorm's weight/bias gradients
-_TILE = 4 if SIM else 16            # batched GEMM threads per block edge (_TILE**2 threads)
-_MICRO = 2 if SIM else 4            # batched GEMM outputs per thread edge
-_GEMM_BLOCKS = 2 if SIM else 2**31 - 1      # grid x (tiles); the kernel loops over the rest
-_GROUP_BLOCKS = 2 if SIM else 65535         # grid y (groups)
+_GROUP_BLOCKS = 2 if SIM else 65535         # grid y (groups, tokens)
 _NEG_MAX = -1.7976931348623157e308  # the float64 maximum's neutral value (a thread without keys)
 
 
@@ -54,40 +51,33 @@ def _flat(kind, name, a):
 
 # --- Block reductions (device functions stay in their kernels' module: see arrays.py) -----------
 
-@cuda.jit(device=True)
-def _row_sum(v):
-    """The sum of one float64 per thread of the block, for every thread (all must call)."""
-    buf = cuda.shared.array(_ROW, float64)
-    tid = cuda.threadIdx.x
-    buf[tid] = v
-    cuda.syncthreads()
-    half = _ROW // 2
-    while half > 0:
-        if tid < half:
-            buf[tid] += buf[tid + half]
+def _row_reduction(take_max):
+    """A device function: the sum (or with ``take_max`` the maximum) of one float64 per thread
+    of the block, for every thread (all must call)."""
+    @cuda.jit(device=True)
+    def reduce(v):
+        buf = cuda.shared.array(_ROW, float64)
+        tid = cuda.threadIdx.x
+        buf[tid] = v
         cuda.syncthreads()
-        half //= 2
-    total = buf[0]
-    cuda.syncthreads()              # buf is reused by the next reduction
-    return total
+        half = _ROW // 2
+        while half > 0:
+            if tid < half:
+                if take_max:            # a constant: Numba compiles the branch taken only
+                    if buf[tid + half] > buf[tid]:
+                        buf[tid] = buf[tid + half]
+                else:
+                    buf[tid] += buf[tid + half]
+            cuda.syncthreads()
+            half //= 2
+        result = buf[0]
+        cuda.syncthreads()          # buf is reused by the next reduction
+        return result
+    return reduce
 
 
-@cuda.jit(device=True)
-def _row_max(v):
-    """The maximum of one float64 per thread of the block, for every thread (all must call)."""
-    buf = cuda.shared.array(_ROW, float64)
-    tid = cuda.threadIdx.x
-    buf[tid] = v
-    cuda.syncthreads()
-    half = _ROW // 2
-    while half > 0:
-        if tid < half and buf[tid + half] > buf[tid]:
-            buf[tid] = buf[tid + half]
-        cuda.syncthreads()
-        half //= 2
-    top = buf[0]
-    cuda.syncthreads()
-    return top
+_row_sum = _row_reduction(False)
+_row_max = _row_reduction(True)
 
 
 def _row_launch(kernel, rows, *args):
@@ -376,88 +366,6 @@ def from_heads(x, out):
 
 # --- Batched GEMM -------------------------------------------------------------------------------
 
-@functools.cache
-def _make_batched_gemm(dtype):
-    """Tiled shared-memory batched GEMM for one dtype (shared arrays need it at compile time).
-
-    dense.py's GEMM with the groups on the grid's y axis: a block of _TILE x _TILE threads
-    computes _BM x _BM output tiles (_BM = _TILE * _MICRO) of group g = blockIdx.y, ... ; every
-    thread accumulates _MICRO x _MICRO outputs in registers; K advances in stages of _TILE, every
-    thread loading _MICRO elements of op(a) and of op(b), consecutive threads on the operand's
-    contiguous axis (coalesced for either transpose).
-    """
-    nbt = from_dtype(np.dtype(dtype))
-    tt, micro, bm = _TILE, _MICRO, _TILE * _MICRO       # compile-time constants (closure)
-    bk = _TILE
-    bk_pad, bm_pad = bk + 1, bm + 1                     # +1: no shared-memory bank conflicts
-
-    @cuda.jit
-    def batched_gemm_k(a, b, out, trans_a, trans_b, accumulate):
-        # out[g] (M, N) (=|+=) op(a[g]) (M, K) @ op(b[g]) (K, N)
-        sa = cuda.shared.array((bm, bk_pad), nbt)       # sa[i, k] = op(a)[row0 + i, k0 + k]
-        sb = cuda.shared.array((bk, bm_pad), nbt)       # sb[k, j] = op(b)[k0 + k, col0 + j]
-        acc = cuda.local.array((micro, micro), nbt)
-        groups, m, n = out.shape
-        kdim = a.shape[1] if trans_a else a.shape[2]
-        tiles_n = (n + bm - 1) // bm
-        tiles = ((m + bm - 1) // bm) * tiles_n
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * tt + tx
-        for g in range(cuda.blockIdx.y, groups, cuda.gridDim.y):
-            for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                row0 = (t // tiles_n) * bm
-                col0 = (t % tiles_n) * bm
-                for p in range(micro):
-                    for q in range(micro):
-                        acc[p, q] = 0
-                for k0 in range(0, kdim, bk):
-                    for e in range(micro):              # bm * bk = micro * tt**2 elements
-                        idx = e * tt * tt + tid
-                        if trans_a:                     # a[g] (K, M): i is contiguous
-                            i = idx % bm
-                            kk = idx // bm
-                            r = row0 + i
-                            kg = k0 + kk
-                            sa[i, kk] = a[g, kg, r] if (r < m and kg < kdim) else nbt(0)
-                        else:                           # a[g] (M, K): k is contiguous
-                            kk = idx % bk
-                            i = idx // bk
-                            r = row0 + i
-                            kg = k0 + kk
-                            sa[i, kk] = a[g, r, kg] if (r < m and kg < kdim) else nbt(0)
-                        if trans_b:                     # b[g] (N, K): k is contiguous
-                            kk = idx % bk
-                            j = idx // bk
-                            c = col0 + j
-                            kg = k0 + kk
-                            sb[kk, j] = b[g, c, kg] if (c < n and kg < kdim) else nbt(0)
-                        else:                           # b[g] (K, N): j is contiguous
-                            j = idx % bm
-                            kk = idx // bm
-                            c = col0 + j
-                            kg = k0 + kk
-                            sb[kk, j] = b[g, kg, c] if (c < n and kg < kdim) else nbt(0)
-                    cuda.syncthreads()
-                    for kk in range(bk):
-                        for p in range(micro):
-                            av = sa[ty + p * tt, kk]
-                            for q in range(micro):
-                                acc[p, q] += av * sb[kk, tx + q * tt]
-                    cuda.syncthreads()
-                for p in range(micro):
-                    r = row0 + ty + p * tt
-                    for q in range(micro):
-                        c = col0 + tx + q * tt
-                        if r < m and c < n:
-                            if accumulate:
-                                out[g, r, c] += acc[p, q]
-                            else:
-                                out[g, r, c] = acc[p, q]
-
-    return batched_gemm_k
-
-
 def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     kind = "batched_gemm"
     a, b, out = _contiguous(kind, "a", a), _contiguous(kind, "b", b), _contiguous(kind, "out",
@@ -465,11 +373,11 @@ def batched_gemm(a, b, out, trans_a=False, trans_b=False, accumulate=False):
     g, m, n, _ = checks.batched_gemm(a, b, out, trans_a, trans_b, dtypes=True)
     if not (g and m and n):
         return
-    bm = _TILE * _MICRO
+    bm = TILE * MICRO
     tiles = ((m + bm - 1) // bm) * ((n + bm - 1) // bm)
-    _make_batched_gemm(out.dtype)[(min(tiles, _GEMM_BLOCKS), min(g, _GROUP_BLOCKS)),
-                                  (_TILE, _TILE)](a, b, out, bool(trans_a), bool(trans_b),
-                                                  bool(accumulate))
+    kernel = make_gemm(out.dtype, batched=True)        # dense.py's tiled GEMM, groups on y
+    kernel[(min(tiles, MAX_GEMM_BLOCKS), min(g, _GROUP_BLOCKS)), (TILE, TILE)](
+        a, b, out, bool(trans_a), bool(trans_b), bool(accumulate))
 
 
 # --- Causal softmax -----------------------------------------------------------------------------

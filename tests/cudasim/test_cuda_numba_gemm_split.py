@@ -9,8 +9,8 @@ import pytest
 
 def _long_k(dev):
     """(M, K, N): 2 x 2 output tiles and a K that the rule splits."""
-    edge = dev.dense._TILE * dev.dense._MICRO + 1
-    return edge, (8 * dev.dense._SPLIT_MIN_STAGES + 3) * dev.dense._TILE, edge
+    edge = dev.dense.TILE * dev.dense.MICRO + 1
+    return edge, (8 * dev.dense._SPLIT_MIN_STAGES + 3) * dev.dense.TILE, edge
 
 
 def test_rule_splits_few_tiles_with_a_long_k(dev):
@@ -19,7 +19,7 @@ def test_rule_splits_few_tiles_with_a_long_k(dev):
     for tiles in (1, 2, 3, 4, 13, wanted - 1):
         for stages in (2 * stages_min, 8 * stages_min + 3, 103 * stages_min + 2,
                        1000 * stages_min + 1):
-            kdim = stages * dev.dense._TILE - 1                   # a partial last K-stage
+            kdim = stages * dev.dense.TILE - 1                   # a partial last K-stage
             splits = dev.dense._gemm_splits(tiles, kdim)
             per = -(-stages // splits)                      # K-stages per split, as the kernel
             assert splits > 1, (tiles, kdim)
@@ -31,8 +31,8 @@ def test_rule_splits_few_tiles_with_a_long_k(dev):
 def test_rule_keeps_k_whole(dev):
     """Enough tiles to fill the GPU, or a K too short to share: one split over all of K."""
     wanted = dev.dense._gemm_blocks_wanted()
-    short = (2 * dev.dense._SPLIT_MIN_STAGES - 1) * dev.dense._TILE
-    long = 1000 * dev.dense._SPLIT_MIN_STAGES * dev.dense._TILE
+    short = (2 * dev.dense._SPLIT_MIN_STAGES - 1) * dev.dense.TILE
+    long = 1000 * dev.dense._SPLIT_MIN_STAGES * dev.dense.TILE
     for tiles, kdim in ((wanted, long), (10 * wanted, long), (1, short), (4, short), (1, 0)):
         assert dev.dense._gemm_splits(tiles, kdim) == 1, (tiles, kdim)
 

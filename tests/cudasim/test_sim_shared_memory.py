@@ -68,9 +68,9 @@ def test_gemm_threads_share_one_tile_buffer(dev, crowded_shared_alloc, m, n, k, 
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     want = (a.T if trans_a else a) @ (b.T if trans_b else b)                # (m, n)
     da, db, out = dev.to_device(a), dev.to_device(b), dev.zeros((m, n))
-    gate = crowded_shared_alloc(dev.dense._TILE ** 2)
+    gate = crowded_shared_alloc(dev.dense.TILE ** 2)
     dev.gemm(da, db, out, trans_a=trans_a, trans_b=trans_b)
-    assert gate.arrived >= dev.dense._TILE ** 2, "the allocations did not all meet in the window"
+    assert gate.arrived >= dev.dense.TILE ** 2, "the allocations did not all meet in the window"
     np.testing.assert_allclose(dev.to_host(out), want, rtol=1e-5, atol=1e-5)
 
 
