@@ -380,27 +380,25 @@ def grouped_allreduce_(state, xs, op=Average, name=None, prescale_factor=1.0,
 # --- one-off collectives: staged through the host ------------------------------------------------
 
 def _checked(state, x, kind):
-    """(wrapped array, family) of a device argument; a local error in it is raised on every rank
-    (the host call it goes on to would see a fine array)."""
+    """(wrapped array, family, its kernels) of a device argument; a local error in it is raised
+    on every rank (the host call it goes on to would see a fine array)."""
     a, fam, err = _check(x, kind)
     state.agreement(kind.on_device, {}, err)
-    return a, fam
+    return a, fam, fam.kernels
 
 
 def allgather(state, x, name=None):
-    a, fam = _checked(state, x, Kind.ALLGATHER)
-    k = fam.kernels
+    a, _, k = _checked(state, x, Kind.ALLGATHER)
     return k.to_device(host_collectives.allgather(state, k.to_host(a), name=name))
 
 
 def broadcast(state, x, root_rank, name=None):
-    a, fam = _checked(state, x, Kind.BROADCAST)
-    k = fam.kernels
+    a, _, k = _checked(state, x, Kind.BROADCAST)
     return k.to_device(host_collectives.broadcast(state, k.to_host(a), root_rank, name=name))
 
 
 def broadcast_(state, x, root_rank, name=None):
-    a, fam = _checked(state, x, Kind.BROADCAST_)
+    a, fam, _ = _checked(state, x, Kind.BROADCAST_)
     host = fam.pinned(a.size, a.dtype)                             # (n,) pinned
     fam.to_host(fam.flat(a), host)
     host_collectives.broadcast_(state, host.reshape(a.shape), root_rank, name=name)
@@ -410,15 +408,13 @@ def broadcast_(state, x, root_rank, name=None):
 
 def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0):
-    a, fam = _checked(state, x, Kind.REDUCESCATTER)
-    k = fam.kernels
+    a, _, k = _checked(state, x, Kind.REDUCESCATTER)
     return k.to_device(host_collectives.reducescatter(
         state, k.to_host(a), op=op, name=name, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor))
 
 
 def alltoall(state, x, splits=None, name=None):
-    a, fam = _checked(state, x, Kind.ALLTOALL)
-    k = fam.kernels
+    a, _, k = _checked(state, x, Kind.ALLTOALL)
     res = host_collectives.alltoall(state, k.to_host(a), splits=splits, name=name)
     return k.to_device(res) if splits is None else (k.to_device(res[0]), res[1])

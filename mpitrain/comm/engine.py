@@ -35,17 +35,13 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
         use_ring = (flat.dtype.char == "e" or algo == "ring"                       # float16
                     or (algo == "auto" and flat.nbytes >= settings.ring_threshold(size)))
         if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
-            kind = reduce_kind(op)
-            sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
-            ring = (REDUCERS[kind], _scratch(state, flat.dtype, sub), sub) if use_ring else None
-            hierarchical_allreduce(*state.node_comms, flat, MPI_OPS[kind], factor, scale, ring)
+            hierarchical_allreduce(*state.node_comms, flat, _MPI_OP[op], factor, scale,
+                                   _ring_args(state, flat, op) if use_ring else None)
             return flat
         if use_ring:
             # each rank scales the chunk it completes, before the allgather: same bits
             finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
-            sub = max(1, settings.ring_subchunk_bytes // flat.dtype.itemsize)
-            ring_allreduce(comm, flat, REDUCERS[reduce_kind(op)],
-                           _scratch(state, flat.dtype, sub), sub, finish)
+            ring_allreduce(comm, flat, *_ring_args(state, flat, op), finish)
             return flat
         comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OP[op])
     if factor != 1.0:
@@ -53,11 +49,15 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
     return flat
 
 
-def _scratch(state, dtype, sub):
-    buf = state.scratch.get(dtype)
-    if buf is None:
-        buf = state.scratch[dtype] = np.empty(2 * sub, dtype)
-    return buf
+def _ring_args(state, flat, op):
+    """(reduce, scratch, sub) of the ring over ``flat``; the scratch (two sub-chunks) is the
+    World's, one per dtype."""
+    dtype = flat.dtype
+    sub = max(1, state.settings.ring_subchunk_bytes // dtype.itemsize)
+    scratch = state.scratch.get(dtype)
+    if scratch is None:
+        scratch = state.scratch[dtype] = np.empty(2 * sub, dtype)
+    return REDUCERS[reduce_kind(op)], scratch, sub
 
 
 def scale(flat, factor):

@@ -69,17 +69,14 @@ class FusionBuffer:
         key = tuple((tuple(a.shape), np.dtype(a.dtype).str) for a in arrays)
         buckets = self._plans.get(key)
         if buckets is None:
-            buckets = self._plans[key] = self._make_plan(arrays)
-        return buckets
-
-    def _make_plan(self, arrays):
-        buckets = plan_buckets([a.size for a in arrays], [a.dtype for a in arrays],
-                               self.threshold_bytes, SOLO_BYTES)
-        for b in buckets:
-            if len(b.entries) > 1:
-                cap = self._buffers.get(b.dtype)
-                if cap is None or cap.size < b.total:
-                    self._buffers[b.dtype] = self.family.empty((b.total,), b.dtype)
+            buckets = self._plans[key] = plan_buckets(
+                [a.size for a in arrays], [a.dtype for a in arrays], self.threshold_bytes,
+                SOLO_BYTES)
+            for b in buckets:                    # a packed bucket fits its dtype's buffer
+                if len(b.entries) > 1:
+                    cap = self._buffers.get(b.dtype)
+                    if cap is None or cap.size < b.total:
+                        self._buffers[b.dtype] = self.family.empty((b.total,), b.dtype)
         return buckets
 
     def allreduce(self, arrays, outs, reduce_flat):

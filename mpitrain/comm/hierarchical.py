@@ -41,16 +41,19 @@ def hierarchical_allreduce(local, cross, flat, mpi_op, factor, scale, ring=None)
     size, me = local.Get_size(), local.Get_rank()
     bounds = chunk_bounds(flat.shape[0], size)
     if ring is None:
-        chunk = me
-        lo, hi = bounds[chunk], bounds[chunk + 1]
+        lo, hi = bounds[me], bounds[me + 1]
+        counts = [b - a for a, b in zip(bounds, bounds[1:])]                  # (size,)
         shard = np.empty(hi - lo, flat.dtype)                                  # (hi - lo,)
-        local.Reduce_scatter(flat, shard, [b - a for a, b in zip(bounds, bounds[1:])], mpi_op)
+        local.Reduce_scatter(flat, shard, counts, mpi_op)
         if shard.size:
             cross.Allreduce(MPI.IN_PLACE, shard, op=mpi_op)
             if factor != 1.0:
                 scale(shard, factor)
         flat[lo:hi] = shard
-        _allgather_chunks(local, flat, bounds)
+        # chunk r from local rank r to every rank of the node, as raw bytes
+        item = flat.dtype.itemsize
+        blocks = ([c * item for c in counts], [a * item for a in bounds[:-1]])
+        local.Allgatherv(MPI.IN_PLACE, [flat.view(np.uint8), blocks, MPI.BYTE])
         return flat
     reduce, scratch, sub = ring
     ring_reduce_scatter(local, flat, reduce, scratch, sub)
@@ -63,11 +66,3 @@ def hierarchical_allreduce(local, cross, flat, mpi_op, factor, scale, ring=None)
         finish(shard)
     ring_allgather(local, flat, sub)
     return flat
-
-
-def _allgather_chunks(local, flat, bounds):
-    """Chunk r of ``flat`` from local rank r to every rank of the node, as raw bytes."""
-    item = flat.dtype.itemsize
-    counts = [(b - a) * item for a, b in zip(bounds, bounds[1:])]
-    displs = [a * item for a in bounds[:-1]]
-    local.Allgatherv(MPI.IN_PLACE, [flat.view(np.uint8), (counts, displs), MPI.BYTE])

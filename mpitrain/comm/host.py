@@ -32,6 +32,7 @@ from mpitrain.comm.fusion import (DEFAULT_THRESHOLD_BYTES, FusionBuffer, NumpyAr
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
                                integer_average, integer_average_error, reduce_args, reduce_kind)
+from mpitrain.comm.ring import chunk_bounds
 
 
 # --- allreduce ------------------------------------------------------------------------------------
@@ -315,19 +316,17 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
                   dtype=None if a is None else a.dtype.str)
     state.agreement(Kind.REDUCESCATTER, fields, err or err2)
     size, rank = comm.Get_size(), comm.Get_rank()
-    base, extra = divmod(a.shape[0], size)
-    rows = [base + (r < extra) for r in range(size)]
-    start = sum(rows[:rank])
+    bounds = chunk_bounds(a.shape[0], size)           # rank r's rows: bounds[r]:bounds[r + 1]
+    lo, hi = bounds[rank], bounds[rank + 1]
     row_elems = math.prod(a.shape[1:])
-    if a.dtype == np.float16 or size == 1:
-        full = np.array(a, order="C", copy=True)
-        allreduce_flat(state, full.reshape(-1), op, pre, post)
-        return full[start:start + rows[rank]].copy()
     send = np.array(a, order="C", copy=True)
+    if a.dtype == np.float16 or size == 1:
+        allreduce_flat(state, send.reshape(-1), op, pre, post)
+        return send[lo:hi].copy()
     if pre != 1.0:
         scale(send.reshape(-1), pre)
-    out = np.empty((rows[rank],) + a.shape[1:], a.dtype)
-    counts = [r * row_elems for r in rows]
+    out = np.empty((hi - lo,) + a.shape[1:], a.dtype)
+    counts = [(end - start) * row_elems for start, end in zip(bounds, bounds[1:])]
     comm.Reduce_scatter(send.reshape(-1), out.reshape(-1), counts, op=MPI_OPS[reduce_kind(op)])
     factor = post / size if op is Average else post
     if factor != 1.0:

@@ -162,14 +162,13 @@ class BucketAllreduce:
         return error
 
     def _submit(self, b):
-        tl = current_timeline()
         if b.flat is None:
             a = self._arrays[b.entries[0][0]]
             flat = a.reshape(-1) if a.flags.c_contiguous else None
             if flat is None:                      # reduce a contiguous copy, unpack later
                 b.flat = np.empty(b.total, b.dtype)
         if b.flat is not None:
-            with tl.span("pack", cat="comm", bucket=b.index):
+            with current_timeline().span("pack", cat="comm", bucket=b.index):
                 for i, off, n in b.entries:
                     _assign(b.flat[off:off + n], self._arrays[i].reshape(-1))
             flat = b.flat

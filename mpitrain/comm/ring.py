@@ -57,8 +57,6 @@ def ring_allreduce(comm, buf, reduce, scratch, sub, finish=None):
     completes, right after its last reduction (still in cache) and before the allgather sends
     it: Average's 1/N costs each rank 1/N of a pass over the buffer instead of a whole pass.
     """
-    if comm.Get_size() == 1 or buf.shape[0] == 0:
-        return buf
     ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish)
     ring_allgather(comm, buf, sub)
     return buf
@@ -119,14 +117,12 @@ def _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch
         pending = comm.Irecv([slots[0][:hi - lo], MPI.BYTE], left, tag)
     for k, (lo, hi) in enumerate(pieces):
         pending.Wait()
-        if k + 1 < len(pieces):
+        if k + 1 < len(pieces):          # the next piece arrives while this one is reduced
             nlo, nhi = pieces[k + 1]
-            nxt = comm.Irecv([slots[(k + 1) % 2][:nhi - nlo], MPI.BYTE], left, tag)
+            pending = comm.Irecv([slots[(k + 1) % 2][:nhi - nlo], MPI.BYTE], left, tag)
         reduce(buf[lo:hi], slots[k % 2][:hi - lo])
         if finish is not None:
             finish(buf[lo:hi])
-        if k + 1 < len(pieces):
-            pending = nxt
     for req in sends:
         req.Wait()
 

@@ -119,7 +119,7 @@ def init(comm=None, threads=0, settings=None, abort_on_exception=True):
     The first initialisation also warns, on rank 0, about ``MPITRAIN_*`` variables that no part
     of mpitrain reads (a misspelled name), with the closest known name (runtime/env.py).
     """
-    global _state
+    global _state, _warned
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 0):
         raise ValueError(f"init(threads={threads!r}): expected an integer >= 0 or None")
@@ -147,14 +147,9 @@ def init(comm=None, threads=0, settings=None, abort_on_exception=True):
     if abort_on_exception:
         abort.install_abort_hook()
     if not _warned and _state.rank == 0:
-        _warn_unknown_variables()
-
-
-def _warn_unknown_variables():
-    global _warned
-    _warned = True
-    for line in env.unknown():
-        print(line, file=sys.stderr, flush=True)
+        _warned = True
+        for line in env.unknown():
+            print(line, file=sys.stderr, flush=True)
 
 
 def _agreed_settings(comm, settings):
