@@ -5,7 +5,7 @@
 Two cases, one rule each:
 - something the user asked for by name (``allreduce.py --plot``, ``step.py --torch``): checked
   before the first measurement; missing -> one line and exit 2, nothing measured or written
-  (``require``);
+  (``require``, or ``require_or_exit`` where one process decides);
 - a PNG drawn as a side product of ``--out`` (``scaling.py``, ``perfmodel.py``): the JSON and
   markdown are written first, and a missing matplotlib skips only the PNG, with one line saying
   so (``can_plot``), exit 0 -- a sweep of many minutes is not lost to a plotting library.
@@ -15,7 +15,7 @@ Everything else the scripts import (NumPy, Numba, mpi4py, tqdm) is a hard depend
 import importlib
 import sys
 
-__all__ = ["missing", "require", "can_plot", "INSTALL"]
+__all__ = ["missing", "require", "require_or_exit", "can_plot", "INSTALL"]
 
 INSTALL = {"matplotlib": "pip install 'mpitrain[bench]'", "torch": "pip install torch"}
 
@@ -33,6 +33,14 @@ def require(module, what):
     """None, or the one-line error for `what` (e.g. "--plot") when `module` is missing."""
     how = missing(module)
     return None if how is None else f"{what} needs {module}, which is not installed ({how})"
+
+
+def require_or_exit(module, what, prog):
+    """``require``'s line as ``prog: error: ...`` on stderr and exit 2 when `module` is missing."""
+    error = require(module, what)
+    if error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 def can_plot(png):

@@ -21,7 +21,6 @@ A job that fails stops the run: one line and exit 1. Environment: ``MPIEXEC`` as
 benchmarks/scaling.py.
 """
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import benchutil
+from scaling import build_command, read_summary
 
 
 def parse_args(argv=None):
@@ -56,20 +56,17 @@ def parse_args(argv=None):
 def run_job(model, n, deterministic, steps, args, folder):
     metrics = Path(folder) / f"{model}-{n}-{int(deterministic)}.jsonl"
     metrics.unlink(missing_ok=True)
-    cmd = (["timeout", "-k", "5", str(args.timeout)] + benchutil.mpiexec_argv()
-           + ["-n", str(n), sys.executable, "-m", "mpitrain", "--model", model,
-              "--dataset", "synthetic", "--synthetic-samples", str(args.global_batch * 8),
-              "--batch-size", str(args.global_batch // n), "--steps", str(steps),
-              "--threads", str(args.threads), "--micro-shards", str(args.micro_shards),
-              "--no-progress", "--metrics-json", str(metrics)]
-           + (["--deterministic"] if deterministic else []))
+    cmd = build_command(n, model, "synthetic", args.global_batch // n, steps, metrics,
+                        args.timeout, ["--synthetic-samples", str(args.global_batch * 8),
+                                       "--threads", str(args.threads),
+                                       "--micro-shards", str(args.micro_shards)]
+                        + (["--deterministic"] if deterministic else []))
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
         sys.exit(f"deterministic.py: {model} N={n} deterministic={deterministic} failed "
                  f"(exit {p.returncode}): {last}")
-    summary = [r for r in map(json.loads, metrics.read_text().splitlines())
-               if r.get("event") == "summary"][-1]
+    summary = read_summary(metrics)
     if not summary["step_time_ms"] > 0:
         sys.exit(f"deterministic.py: {model} N={n}: step time {summary['step_time_ms']!r}")
     return summary["step_time_ms"], summary["comm_time_ms"]
@@ -104,7 +101,7 @@ def main(argv=None):
                       f"ratio {row['ratio']:.2f}x  (rounds {', '.join(f'{x:.2f}' for x in ratios)})",
                       flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1))
+        benchutil.write_json(args.json, {"argv": sys.argv[1:], "rows": rows})
     table = ["| model | N | default step (comm) ms | deterministic step (comm) ms | ratio |",
              "|---|---|---|---|---|"]
     table += [f"| {r['model']} | {r['ranks']} | {r['default_step_ms']:.2f} "

@@ -178,10 +178,7 @@ def pytorch(args, corpus):
 def main(argv=None):
     args = parse_args(argv)
     if not args.no_torch:
-        error = benchdeps.require("torch", "the PyTorch run (or --no-torch)")
-        if error:
-            print(f"gpt_recipe: error: {error}", file=sys.stderr)
-            return 2
+        benchdeps.require_or_exit("torch", "the PyTorch run (or --no-torch)", "gpt_recipe")
     benchutil.set_threads(1)
     corpus = Path(args.corpus)
     if not corpus.exists():

@@ -148,9 +148,7 @@ def main(argv=None):
     args = parse_args(argv)
     benchutil.set_threads(args.threads)
     if not args.no_torch:
-        error = benchdeps.require("torch", "the PyTorch comparison (or --no-torch)")
-        if error:
-            fail(error)
+        benchdeps.require_or_exit("torch", "the PyTorch comparison (or --no-torch)", "gpt_step")
         if args.device == "cuda":
             import torch
             if not torch.cuda.is_available():
@@ -188,7 +186,6 @@ def main(argv=None):
     for _ in range(args.warmup):
         ours()
     k.synchronize()
-    torch_run = torch = None
     torch_sync = None
     if not args.no_torch:
         import torch
@@ -203,13 +200,11 @@ def main(argv=None):
         net = net.to(args.device)
         tx, ty = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
 
-        def torch_step():
+        def torch_run():
             net.zero_grad(set_to_none=True)
             loss = net(tx, ty)
             loss.backward()
             return loss
-
-        torch_run = torch_step
 
         torch_loss = float(torch_run().detach())
         for _ in range(args.warmup):
@@ -220,19 +215,15 @@ def main(argv=None):
 
     def per_step(fn, sync=None):
         """ms per step of ``steps`` calls of ``fn``, the device idle at both clock readings."""
-        if sync is not None:
-            sync()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            fn()
-        if sync is not None:
-            sync()
-        return (time.perf_counter() - start) / args.steps * 1e3
+        def steps():
+            for _ in range(args.steps):
+                fn()
+        return benchutil.timed(steps, sync, sync) / args.steps * 1e3
 
     rounds = []
     for _ in range(args.rounds):
         r = {"ours_ms": per_step(ours, k.synchronize)}
-        if torch_run is not None:
+        if not args.no_torch:
             r["torch_ms"] = per_step(torch_run, torch_sync)
             r["ratio"] = r["ours_ms"] / r["torch_ms"]
         rounds.append(r)
@@ -245,7 +236,7 @@ def main(argv=None):
                ours_ms_median=float(np.median([r["ours_ms"] for r in rounds])), rounds=rounds,
                tokens_per_s=args.batch * args.block_size / best * 1e3)
     line = f"ours {best:.2f} ms/step"
-    if torch_run is not None:
+    if not args.no_torch:
         best_torch = min(r["torch_ms"] for r in rounds)
         res.update(torch_ms=best_torch, torch_version=torch.__version__,
                    torch_device=args.device, torch_loss=torch_loss,
@@ -287,17 +278,16 @@ def profile(k, step, steps, sync=False):
             return out
         return timed_call
 
+    def run():
+        for _ in range(steps):
+            step()
+
     for name in contract.KERNELS:
         if hasattr(k, name):
             saved[name] = getattr(k, name)
             setattr(k, name, wrap(name, saved[name]))
     try:
-        synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize()
-        total = time.perf_counter() - start
+        total = benchutil.timed(run, synchronize, synchronize)
     finally:
         for name, fn in saved.items():
             setattr(k, name, fn)

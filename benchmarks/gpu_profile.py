@@ -11,15 +11,14 @@ step, and the ``--top`` kernels by time with their share. ``--torch`` profiles P
 of the same network beside it. Needs a GPU and PyTorch (for the profiler only).
 """
 import argparse
-import json
 import os
 import sys
-import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdeps  # noqa: E402
+import benchutil  # noqa: E402
 import step as step_bench  # noqa: E402
 
 
@@ -42,15 +41,15 @@ def parse_args(argv=None):
 def profile(step, steps, warmup, sync):
     """(wall seconds per step, {kernel name: [launches, device seconds]}) of ``steps`` steps."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
-    for _ in range(warmup):
-        step()
+
+    def run(count):
+        for _ in range(count):
+            step()
+
+    run(warmup)
     sync()
     with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        wall = (time.perf_counter() - start) / steps
+        wall = benchutil.timed(lambda: run(steps), after=sync) / steps
     kernels = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
@@ -77,10 +76,7 @@ def table(title, wall, kernels, steps, top):
 
 def main(argv=None):
     args = parse_args(argv)
-    error = benchdeps.require("torch", "the profiler")
-    if error:
-        print(f"gpu_profile: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    benchdeps.require_or_exit("torch", "the profiler", "gpu_profile")
     import numpy as np
     import torch
 
@@ -103,8 +99,7 @@ def main(argv=None):
             out[name]["torch"] = table(f"{name} batch {args.batch}, PyTorch {torch.__version__}",
                                        wall, kernels, args.steps, args.top)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        benchutil.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -269,7 +269,6 @@ def rss_child(args):
         import numpy as np
 
         from mpitrain import kernels as registry
-
         from mpitrain.runtime import threads
         threads.configure(args.threads)
         k = registry.get(args.device, args.kernels)
@@ -307,14 +306,11 @@ def main(argv=None):
         return rss_child(args)
     # --torch asks for the comparison: no PyTorch is bad input, found before the first timing
     # (after set_threads: importing torch loads NumPy, whose BLAS reads the thread variables).
-    error = benchdeps.require("torch", "--torch") if args.torch else None
-    if error:
-        print(f"step: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    if args.torch:
+        benchdeps.require_or_exit("torch", "--torch", "step")
     import numpy as np
 
     from mpitrain import kernels as registry
-
     from mpitrain.runtime import threads
 
     threads.configure(args.threads)

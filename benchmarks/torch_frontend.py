@@ -20,7 +20,6 @@ the numbers.
 """
 import argparse
 import json
-import os
 import socket
 import statistics
 import time
@@ -30,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import benchutil
 import mpitrain.torch as hvd
 
 
@@ -86,28 +86,21 @@ def step_times(runs, shape, batch, warmup, steps):
     return [statistics.median(t) for t in times]
 
 
-def fresh(name):
-    torch.manual_seed(0)
-    build, shape = MODELS[name]
-    model = build()
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), shape
-
-
 def plain(name):
-    model, opt, _ = fresh(name)
-    return model, opt
+    torch.manual_seed(0)
+    model = MODELS[name][0]()
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
 def ours(name):
-    model, opt, _ = fresh(name)
+    model, opt = plain(name)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return model, opt
 
 
 def ddp(name):
-    model, _, _ = fresh(name)
-    model = nn.parallel.DistributedDataParallel(model)
+    model = nn.parallel.DistributedDataParallel(plain(name)[0])
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
@@ -132,14 +125,8 @@ def allreduce_times(nbytes, repeats):
     t = torch.ones(nbytes // 4)
     mine, gloo = [], []
     for i in range(repeats + 2):                   # interleaved, first two not counted
-        hvd.barrier()
-        start = time.perf_counter()
-        hvd.allreduce_(t, op=hvd.Average)
-        a = time.perf_counter() - start
-        hvd.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(t)
-        b = time.perf_counter() - start
+        a = benchutil.timed(lambda: hvd.allreduce_(t, op=hvd.Average), hvd.barrier)
+        b = benchutil.timed(lambda: dist.all_reduce(t), hvd.barrier)
         if i >= 2:
             mine.append(a)
             gloo.append(b)
@@ -197,9 +184,7 @@ def main():
             nbytes *= 4
         dist.destroy_process_group()
     if args.json and hvd.rank() == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        benchutil.write_json(args.json, report)
 
 
 if __name__ == "__main__":
