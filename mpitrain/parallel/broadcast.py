@@ -5,8 +5,6 @@ differently (other seeds, a checkpoint loaded only on rank 0) agree before the f
 import numpy as np
 
 from mpitrain import comm
-# ops.on_device, not comm/device.py's test: importing device.py here would load it in every
-# process, GPU or not
 
 
 def broadcast_parameters(params, root_rank=0, process_set=comm.global_process_set):

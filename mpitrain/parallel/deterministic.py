@@ -28,10 +28,10 @@ the ring's volume), which runs in ``step()``, after the last pass: no overlap wi
 docs/benchmarks.md has the measured cost.
 
 This file owns the mode: ``DeterministicGradients`` (the strategy DistributedOptimizer picks for
-``deterministic=True``), ``GradientTree`` (the leaves of one step and their sum across ranks),
-``check_ranks`` (N a power of two), ``seed_dropout`` (masks keyed by step and micro-shard, not by
-rank), ``BatchNormReplay`` (running statistics updated in micro-shard order) and ``ShardSums``
-(metric sums in micro-shard order).
+``deterministic=True``), ``check_arguments`` (what it refuses: N not a power of two, ...),
+``GradientTree`` (the leaves of one step and their sum across ranks), ``seed_dropout`` (masks
+keyed by step and micro-shard, not by rank), ``BatchNormReplay`` (running statistics updated in
+micro-shard order) and ``ShardSums`` (metric sums in micro-shard order).
 """
 import time
 
@@ -44,14 +44,6 @@ from mpitrain.nn.batchnorm import BatchNormBase
 from mpitrain.nn.layers import Dropout
 from mpitrain.parallel.gradients import Compression
 from mpitrain.parallel.strategy import Strategy
-
-
-def check_ranks(size, what="deterministic=True"):
-    """ValueError unless ``size`` ranks can share the fixed tree (a power of two)."""
-    if not comm.is_power_of_two(size):
-        raise ValueError(f"{what} needs a power-of-two number of ranks (1, 2, 4, 8, ...), got "
-                         f"{size}: the fixed reduction tree splits the micro-shards evenly in "
-                         f"halves")
 
 
 def check_arguments(average, compression, predivide, passes, process_set):
@@ -70,8 +62,10 @@ def check_arguments(average, compression, predivide, passes, process_set):
         raise ValueError(f"deterministic=True needs backward_passes_per_step a power of two, "
                          f"got {passes} (the micro-shards are the leaves of a binary tree)")
     size = process_set.size()
-    if size is not None:
-        check_ranks(size)
+    if size is not None and not comm.is_power_of_two(size):
+        raise ValueError(f"deterministic=True needs a power-of-two number of ranks (1, 2, 4, 8, "
+                         f"...), got {size}: the fixed reduction tree splits the micro-shards "
+                         f"evenly in halves")
 
 
 class DeterministicGradients(Strategy):
@@ -105,15 +99,12 @@ class DeterministicGradients(Strategy):
                      f"backward_passes_per_step={k} takes exactly {k} per step")
         size = comm.group_size(opt.process_set)
         start = time.perf_counter()
-        try:
-            # the first MPI call of the step, as for every collective: a wrong count anywhere is
-            # an error on every rank, and a rank in mt.join() is refused, never left waiting
-            self.agree("DistributedOptimizer.deterministic",
-                       {"backward_passes_per_step": k, "elements": tree.elements,
-                        "dtype": str(tree.dtype)}, error)
-        except (ValueError, comm.CollectiveError):
-            opt.zero_grad()               # drops the leaves too
-            raise
+        # the first MPI call of the step, as for every collective: a wrong count anywhere is an
+        # error on every rank (its leaves dropped too), and a rank in mt.join() is refused,
+        # never left waiting
+        self.agree("DistributedOptimizer.deterministic",
+                   {"backward_passes_per_step": k, "elements": tree.elements,
+                    "dtype": str(tree.dtype)}, error)
         self.passes.reset()
         scale = 1.0 / size if opt.op is comm.Average else 1.0
         with current_timeline().span("synchronize", cat="comm"):
@@ -310,7 +301,7 @@ class ShardSums:
 
     ``add(rows)``: this rank's (k, 3) rows of one step, in micro-shard order. ``total(
     allgather)``: every rank's rows, gathered in rank order (= micro-shard order), summed in
-    one fixed order; clears the rows. allgather: ``mt.allgather`` (concatenates axis 0).
+    one fixed order; clears the rows. allgather: concatenates axis 0 (default ``mt.allgather``).
     """
 
     def __init__(self):
@@ -319,7 +310,7 @@ class ShardSums:
     def add(self, rows):
         self.rows.append(np.asarray(rows, np.float64).reshape(-1, 3))       # (k, 3)
 
-    def total(self, allgather):
+    def total(self, allgather=comm.allgather):
         # (k, steps, 3) per rank -> (M, steps, 3): micro-shard-major, the same array for any N
         mine = (np.stack(self.rows, axis=1) if self.rows else np.zeros((0, 0, 3)))
         every = allgather(np.ascontiguousarray(mine))

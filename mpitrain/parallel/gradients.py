@@ -20,8 +20,6 @@ import numpy as np
 from mpitrain.parallel import autotune
 from mpitrain import comm
 from mpitrain.timeline import current as current_timeline
-# ops.on_device, not comm/device.py's test: importing device.py here would load it in every
-# process, GPU or not
 from mpitrain.parallel.strategy import Strategy
 
 # Gradient bucket size when overlapping: small enough that the last layers' allreduce starts
@@ -123,17 +121,14 @@ class GradientAveraging(Strategy):
             opt.comm_time_s += time.perf_counter() - start
         # checked after the average, so that ranks at different counts made the same calls
         self.passes.reset()
-        try:
-            if several:
-                # behind whatever is in flight (another optimizer's buckets)
-                self.agree("DistributedOptimizer.step",
-                           {"backward_passes_per_step": opt.backward_passes_per_step}, error,
-                           ordered=True)
-            elif error is not None:
-                raise ValueError(error)
-        except (ValueError, comm.CollectiveError):
+        if several:
+            # behind whatever is in flight (another optimizer's buckets)
+            self.agree("DistributedOptimizer.step",
+                       {"backward_passes_per_step": opt.backward_passes_per_step}, error,
+                       ordered=True)
+        elif error is not None:
             opt.zero_grad()               # a wrong count summed the wrong gradients
-            raise
+            raise ValueError(error)
         self.synchronized = True
 
     def step(self, skip, flags=None):
@@ -147,12 +142,12 @@ class GradientAveraging(Strategy):
         if buckets is not None:
             buckets.finish([p.grad for p in reversed(self.opt.params)])
             return
-        if not isinstance(self.opt.compression, Compressor):
-            self.average_with_compressor()
-            return
         compression = self.opt.compression
         grads = [p.grad for p in self.opt.params]
         kernels = self.opt.params[0].kernels
+        if not isinstance(compression, Compressor):
+            self.average_with_compressor(compression, grads, kernels)
+            return
         if self.wire is None:
             self.wire = [None if compression.wire_dtype(g.dtype) == g.dtype
                          else kernels.empty(tuple(g.shape), compression.wire_dtype(g.dtype))
@@ -166,12 +161,9 @@ class GradientAveraging(Strategy):
             if w is not None:
                 kernels.cast(g, w)
 
-    def average_with_compressor(self):
-        """A user's compressor (Horovod's protocol): compress each gradient, average the wire
-        arrays (fused), decompress into ``.grad``."""
-        compression = self.opt.compression
-        grads = [p.grad for p in self.opt.params]
-        kernels = self.opt.params[0].kernels
+    def average_with_compressor(self, compression, grads, kernels):
+        """A user's compressor (Horovod's protocol): compress each gradient of ``grads``,
+        average the wire arrays (fused), decompress into them."""
         wire, contexts = [], []
         for g in grads:
             w, ctx = compression.compress(g)

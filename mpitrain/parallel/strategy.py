@@ -88,9 +88,15 @@ class Strategy:
     def agree(self, kind, fields, error, ordered=False):
         """The step's agreement (comm.agree), carrying ``self.flags`` when there are some: sets
         ``agreed_flags`` to their OR over the ranks, or leaves it None where nothing was
-        exchanged (one rank, MPITRAIN_CHECK=0)."""
-        self.agreed_flags = comm.agree(self.opt.process_set, kind, fields, error,
-                                       ordered=ordered, flags=self.flags)
+        exchanged (one rank, MPITRAIN_CHECK=0). Where it raises (an ``error`` or a difference on
+        some rank), the step's gradients are dropped first (``zero_grad``): a wrong count summed
+        the wrong gradients."""
+        try:
+            self.agreed_flags = comm.agree(self.opt.process_set, kind, fields, error,
+                                           ordered=ordered, flags=self.flags)
+        except (ValueError, comm.CollectiveError):
+            self.opt.zero_grad()
+            raise
 
     def step(self, skip, flags=None):
         """Synchronize (unless ``skip`` or done already), then the inner optimizer's step; the
@@ -105,8 +111,5 @@ class Strategy:
             self.clip()
         self.opt.optimizer.step()
         self.synchronized = False
-        return self.finish_flags()
-
-    def finish_flags(self):
         agreed, self.flags, self.agreed_flags = self.agreed_flags, None, None
         return agreed

@@ -77,10 +77,11 @@ def parse(argv, environ):
     s.hosts = (parse_hosts(s.hosts) if s.hosts is not None
                else read_hostfile(s.hostfile) if s.hostfile is not None else None)
     found = discover(s.host_discovery_script) if s.host_discovery_script else s.hosts
+    slots = None if found is None else sum(n for _, n in found)
     if s.np is None:
         if found is None:
             raise LaunchError("give -np N (or hosts: -H, --hostfile, --host-discovery-script)")
-        s.np = min(s.max_np or sum(n for _, n in found), sum(n for _, n in found))
+        s.np = min(s.max_np or slots, slots)
     s.min_np = s.np if s.min_np is None else s.min_np
     s.max_np = s.np if s.max_np is None else s.max_np
     for flag, value, low in (("-np", s.np, 1), ("--min-np", s.min_np, 1),
@@ -91,7 +92,6 @@ def parse(argv, environ):
             raise LaunchError(f"{flag} {value}: must be >= {low}")
     if not s.min_np <= s.np <= s.max_np:
         raise LaunchError(f"-np {s.np} must lie in [--min-np {s.min_np}, --max-np {s.max_np}]")
-    slots = None if found is None else sum(n for _, n in found)
     if slots is not None and slots < s.min_np:
         raise LaunchError(f"{slots} slot(s) on {len(found)} host(s), fewer than --min-np "
                           f"{s.min_np}")

@@ -351,29 +351,22 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def _sections(starts):
+    """((section, title, field names), ...) from ((section, title, its first field), ...) in
+    Config's order: a section runs up to the next one's first field."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    cuts = [names.index(first) for _, _, first in starts] + [len(names)]
+    return tuple((section, title, tuple(names[cuts[i]:cuts[i + 1]]))
+                 for i, (section, title, _) in enumerate(starts))
+
+
 # The sections of Config, in its order: ``--help`` groups the flags by them.
-SECTIONS = (
-    ("model", "what is trained, on what",
-     ("model", "hidden", "dropout", "sync_bn", "n_layer", "n_head", "n_embd", "block_size",
-      "dataset", "tokens", "data_dir", "synthetic_samples", "normalize", "augment",
-      "crop_padding")),
-    ("schedule", "how long, in what batches",
-     ("epochs", "steps", "batch_size", "global_batch_size", "accumulate", "uneven", "eval_every",
-      "eval_batches", "seed")),
-    ("optimizer", "the update",
-     ("optimizer", "lr", "scale_lr", "warmup_epochs", "warmup_steps", "lr_schedule",
-      "lr_milestones", "lr_gamma", "min_lr", "momentum", "betas", "weight_decay", "decay_bn_bias",
-      "clip_grad_norm")),
-    ("parallel", "how the ranks stay one model",
-     ("average", "average_every", "fp16_allreduce", "fusion_threshold_bytes", "overlap",
-      "deterministic", "micro_shards")),
-    ("runtime", "where it runs",
-     ("device", "kernels", "threads")),
-    ("outputs", "what the job writes",
-     ("checkpoint_dir", "checkpoint_every", "resume", "resume_if_exists", "keep_checkpoints",
-      "checkpoint_async", "preempt_signals", "save", "metrics_json", "progress", "timeline",
-      "tensorboard", "sample", "temperature")),
-)
+SECTIONS = _sections((("model", "what is trained, on what", "model"),
+                      ("schedule", "how long, in what batches", "epochs"),
+                      ("optimizer", "the update", "optimizer"),
+                      ("parallel", "how the ranks stay one model", "average"),
+                      ("runtime", "where it runs", "device"),
+                      ("outputs", "what the job writes", "checkpoint_dir")))
 
 
 def _flag(name):
@@ -416,14 +409,13 @@ def _from_env(f, default, environ):
         return env.choice(name, default, f.metadata["choices"], environ)
     if kind is bool:
         off = f.metadata.get("off_flag")
-        if off and env.text(name, None, environ) is None:       # e.g. MPITRAIN_NO_PROGRESS=1
+        if off and text is None:        # e.g. MPITRAIN_NO_PROGRESS=1
             return not env.flag(env_name(off), not default, environ)
         return env.flag(name, default, environ)
     if kind is int:
         return env.integer(name, default, environ=environ)
     if kind is float:
         return env.number(name, default, environ=environ)
-    text = env.text(name, None, environ)
     return default if text is None else parse_value(f, text, name)
 
 

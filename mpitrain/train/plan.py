@@ -59,13 +59,6 @@ class Sums:
         return sums
 
 
-class ShardOrderSums(ShardSums):
-    """Sums in micro-shard order: the same numbers for any N (parallel/deterministic.py)."""
-
-    def total(self):
-        return super().total(comm.allgather)
-
-
 class StepPlan:
     """Plain steps, --accumulate and the --uneven tail (see the module docstring)."""
 
@@ -136,7 +129,8 @@ class MicroShardPlan(StepPlan):
         return self.sampler.global_indices()[:, self.rank * share:(self.rank + 1) * share]
 
     def sums(self):
-        return ShardOrderSums()
+        """Sums in micro-shard order: the same numbers for any N."""
+        return ShardSums()
 
     def before_step(self):
         self.bn_replay.begin_step()

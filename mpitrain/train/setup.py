@@ -263,10 +263,8 @@ def run(config):
             outputs.close()
             timeline.activate(None)
     except KeyboardInterrupt:
-        if trainer is None:
-            raise Interrupted(None, None, config.checkpoint_dir) from None
-        raise Interrupted(trainer.step, trainer.last_checkpoint_step,
-                          config.checkpoint_dir) from None
+        reached = (None, None) if trainer is None else (trainer.step, trainer.last_checkpoint_step)
+        raise Interrupted(*reached, config.checkpoint_dir) from None
     finally:
         signals.restore()
     return summary
