@@ -68,7 +68,7 @@ def allreduce_(state, x, op=Average, name=None, prescale_factor=1.0, postscale_f
         flags = x.flags
         if flags.c_contiguous and flags.writeable:
             plan = _plan_for(state, x, op, name, prescale_factor, postscale_factor)
-            if plan is not None:
+            if plan is not None and not plan.to_float64:    # an integer Average: refused below
                 return plan.run(x, x)
     a, err = as_array(x, Kind.ALLREDUCE_, in_place=True)
     return allreduce_checked(state, HOST, Kind.ALLREDUCE_, a, err, op, name, prescale_factor,
@@ -80,7 +80,7 @@ def allreduce_checked(state, family, kind, a, err, op, name, prescale, postscale
     checked it (None, or with ``err``, when unusable); returns the result. family: HOST, or a
     device family (device.py); on the host alone a small array rides in the agreement, and the
     call leaves a plan for the next identical one."""
-    in_place, out = kind is Kind.ALLREDUCE_, a
+    in_place, out, given = kind is Kind.ALLREDUCE_, a, a
     if a is not None and err is None:
         if integer_average(a.dtype, op):
             if in_place:
@@ -114,9 +114,10 @@ def allreduce_checked(state, family, kind, a, err, op, name, prescale, postscale
     plan.run(src, src)
     if src is not out:
         out[...] = src
+    plan.to_float64 = a is not given                   # later calls cast as this one did
     if len(state.plans) < _MAX_PLANS:
         try:
-            state.plans[_plan_key(a, op_arg, name, pre_arg, post_arg)] = plan
+            state.plans[_plan_key(given, op_arg, name, pre_arg, post_arg)] = plan
         except TypeError:                               # e.g. an unhashable name: no plan
             pass
     return out
@@ -152,13 +153,14 @@ class _Plan:
     and description building: the agreement is prepared (check.Prepared: same fingerprint,
     same message as the Agreement's), and a small array is copied straight into the
     agreement's message and reduced from the received rows in rank order. This is what brings
-    the 4 KiB allreduce near MPI's own latency (docs/benchmarks.md).
+    the 4 KiB allreduce near MPI's own latency (docs/benchmarks.md). ``to_float64``: the plan
+    of an integer Average, whose input is cast first (a float64 mean, as on the first call).
     """
     __slots__ = ("state", "agreement", "send", "rows", "op", "pre", "post", "ufunc", "factor",
-                 "scale")
+                 "scale", "to_float64")
 
     def __init__(self, state, agreement, fields, key, a, op, pre, post, inline):
-        self.state = state
+        self.state, self.to_float64 = state, False
         self.agreement = check.Prepared(agreement, Kind.ALLREDUCE, dict(fields), key,
                                         (a.dtype, a.shape) if inline else None)
         self.send = self.agreement.send                                 # a.shape, or None
@@ -176,6 +178,8 @@ class _Plan:
 
     def run(self, x, out):
         """x: C-contiguous input; out: x itself (in place) or None (a new array)."""
+        if self.to_float64:                             # out of place only (allreduce_)
+            x = out = x.astype(np.float64)
         send = self.send
         if send is None:
             out = x.copy() if out is None else out

@@ -38,3 +38,22 @@ def test_in_place_integer_average_is_refused_on_every_rank():
         assert x.tobytes() == b.tobytes()
     assert mt.grouped_allreduce_(xs, op=mt.Sum)[1] is xs[1]              # Sum stays integer
     assert xs[1].dtype == np.int64 and (xs[1] == N * N).all()
+
+
+def test_a_repeated_integer_average_reuses_its_plan(monkeypatch):
+    from mpitrain.comm import host
+    checked = []
+    first = host.allreduce_checked
+    monkeypatch.setattr(host, "allreduce_checked", lambda *a: checked.append(1) or first(*a))
+    for x in (np.arange(5, dtype=np.int32) + R, np.arange(3000, dtype=np.int64) * (R + 1)):
+        want = sum((x - R if x.size == 5 else x // (R + 1) * (r + 1)).astype(np.float64)
+                   + (r if x.size == 5 else 0) for r in range(N)) / N
+        results = [mt.allreduce(x, name="plan-reuse") for _ in range(3)]
+        for got in results:                                 # (a new array each time)
+            assert got.dtype == np.float64 and got.tobytes() == results[0].tobytes()
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert x.dtype.kind == "i"                          # the input itself stays integer
+        with pytest.raises(ValueError, match="is not an integer"):       # in place: refused
+            mt.allreduce_(x.copy(), name="plan-reuse")
+    assert len(checked) == (4 if N > 1 else 8)   # each first call and each refusal (one rank:
+                                                 # no plans, every call)
