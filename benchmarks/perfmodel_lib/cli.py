@@ -104,10 +104,8 @@ def main(argv=None):
         shares = load_backward_share(args.step, args.step_stat)
         plans = make_plans(args.model, not args.no_overlap, args.fusion_threshold_bytes,
                            shares, args.batch_size)
-        threshold = args.ring_threshold_bytes
-        if threshold is None:      # the default from three ranks (two switch at 1 MiB)
-            from mpitrain.comm.settings import RING_THRESHOLD_BYTES as threshold
-        nets = [network_params(fitted, link, mpi, threshold) for link in [None] + links]
+        nets = [network_params(fitted, link, mpi, args.ring_threshold_bytes)
+                for link in [None] + links]
         cores = args.cores or benchutil.usable_cores()
         sweep, points = load_scaling(args.scaling) if args.scaling else ({}, [])
         # Like with like: predict the sweep's points as its jobs ran (their recorded flags).

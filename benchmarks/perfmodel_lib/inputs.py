@@ -18,6 +18,7 @@ import numpy as np
 import benchutil
 
 from .errors import ModelError
+from .network import default_ring_threshold
 
 
 def _read_json(path, what):
@@ -58,10 +59,7 @@ def _seconds(rec, prefix=""):
 def _ring_threshold(doc, ranks):
     """Smallest message our allreduce sends through the ring between ``ranks`` under auto."""
     value = _get(doc, ("ring_threshold_bytes", "ring_threshold"))
-    if value is None:                                                   # the default
-        from mpitrain.comm.settings import CommSettings
-        value = CommSettings().ring_threshold(ranks)
-    return int(value)
+    return int(default_ring_threshold(ranks) if value is None else value)
 
 
 def _pick_time(rec, prefix, stat):

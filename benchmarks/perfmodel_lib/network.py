@@ -1,5 +1,6 @@
 """The cost of one allreduce: the ring's formula, MPI_Allreduce's, and the network they run on
 (the measured one, or a user's ``--link`` on top of our software's per-message costs)."""
+import functools
 import re
 
 import numpy as np
@@ -66,10 +67,11 @@ def parse_link(spec):
     return {"name": spec.replace(" ", ""), "alpha": latency, "beta": 1.0 / bytes_per_s}
 
 
-def network_params(fitted, link=None, mpi=None, ring_threshold=0):
+def network_params(fitted, link=None, mpi=None, ring_threshold=None):
     """alpha/beta/gamma of the measured local network, or of a user link on top of our stack.
-    With ``mpi`` (from ``fit_mpi``), buckets below ``ring_threshold`` bytes are costed as
-    MPI_Allreduce, as our allreduce sends them there."""
+    With ``mpi`` (from ``fit_mpi``), buckets below the ring threshold are costed as
+    MPI_Allreduce, as our allreduce sends them there: ``ring_threshold`` bytes, or None for
+    mpitrain's default at each number of ranks (``CommSettings.ring_threshold``)."""
     gamma = fitted["gamma"] or 0.0
     if link is None:
         net = {"name": "local (measured)", "alpha": fitted["alpha"], "beta": fitted["beta"],
@@ -77,7 +79,7 @@ def network_params(fitted, link=None, mpi=None, ring_threshold=0):
     else:
         net = {"name": link["name"], "alpha": fitted["alpha"] + link["alpha"],
                "beta": max(link["beta"], fitted["beta"]), "gamma": gamma}
-    net["ring_threshold"] = int(ring_threshold) if mpi else 0
+    net["ring_threshold"] = (None if ring_threshold is None else int(ring_threshold)) if mpi else 0
     if mpi:
         net["mpi_alpha"] = mpi["alpha"] + (link["alpha"] if link else 0.0)
         net["mpi_combined"] = max(mpi["combined"], 2 * link["beta"] + gamma if link else 0.0)
@@ -86,6 +88,23 @@ def network_params(fitted, link=None, mpi=None, ring_threshold=0):
 
 def allreduce_time(nb, ranks, net):
     """One allreduce of a bucket as our code runs it: the ring from the threshold up, else MPI."""
-    if nb >= net.get("ring_threshold", 0):
+    if nb >= ring_threshold(net, ranks):
         return float(ring_time(nb, ranks, net["alpha"], net["beta"], net["gamma"]))
     return float(mpi_time(nb, ranks, net["mpi_alpha"], net["mpi_combined"]))
+
+
+def ring_threshold(net, ranks):
+    """The bytes from which ``net``'s allreduce between ``ranks`` ranks takes the ring."""
+    threshold = net.get("ring_threshold", 0)
+    return default_ring_threshold(ranks) if threshold is None else threshold
+
+
+def default_ring_threshold(ranks):
+    """mpitrain's own switch to the ring between ``ranks`` ranks (CommSettings.ring_threshold)."""
+    return _default_settings().ring_threshold(ranks)
+
+
+@functools.cache
+def _default_settings():
+    from mpitrain.comm.settings import CommSettings
+    return CommSettings()

@@ -1,6 +1,7 @@
 """The report: the fit, the bucket plans, the efficiency table (text or markdown), the PNG."""
 import numpy as np
 
+from .network import default_ring_threshold
 from .plans import OverlapPlan
 
 
@@ -12,9 +13,14 @@ def _eng(seconds_per_byte):
 
 
 def describe_plan(plan, threshold):
-    """One line per model: bucket sizes, path (ring or MPI) and, overlapped, when each is ready."""
+    """One line per model: bucket sizes, path (ring or MPI) and, overlapped, when each is ready.
+    threshold None: mpitrain's default, which is lower between two ranks."""
     def path(nb):
-        return "ring" if nb >= threshold else "MPI"
+        if threshold is not None:
+            return "ring" if nb >= threshold else "MPI"
+        if nb >= default_ring_threshold(3):
+            return "ring"
+        return "MPI; ring at N=2" if nb >= default_ring_threshold(2) else "MPI"
     if isinstance(plan, OverlapPlan):
         return (", ".join(f"{nb / 1e6:.2f} MB ({path(nb)}, ready at {100 * r:.0f}%)"
                           for nb, _, r in plan.buckets)
@@ -44,7 +50,9 @@ def format_report(fitted, mu, nets, proj, rows, models, markdown=False, mpi=None
         lines.append(f"MPI_Allreduce fit ({mpi['points']} timings, relative RMS residual "
                      f"{100 * mpi['rel_rms']:.1f}%): alpha_mpi = {mpi['alpha'] * 1e6:.2f} us, "
                      f"2beta+gamma = 1/{_eng(mpi['combined'])}; used for buckets < "
-                     f"{threshold} bytes")
+                     + (f"{threshold} bytes" if threshold is not None else
+                        f"{default_ring_threshold(2)} bytes at N=2, < "
+                        f"{default_ring_threshold(3)} bytes from N=3"))
     if plans:
         lines.append(f"projection: {_mode(plans)}")
     for model in models if plans else ():

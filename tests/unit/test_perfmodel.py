@@ -97,6 +97,11 @@ def test_mpi_fit_and_threshold_dispatch():
     assert link["mpi_combined"] == pytest.approx(2 / 1e9 + GAMMA)     # the link is the bottleneck
     no_mpi = pm.network_params(ring_fit)
     assert no_mpi["ring_threshold"] == 0                               # everything on the ring
+    default = pm.network_params(ring_fit, None, f)          # mpitrain's own switch, by ranks
+    assert pm.allreduce_time(4 << 20, 2, default) == pytest.approx(
+        pm.ring_time(4 << 20, 2, ALPHA, BETA, GAMMA))                  # two ranks: from 1 MiB
+    assert pm.allreduce_time(4 << 20, 4, default) == pytest.approx(
+        pm.mpi_time(4 << 20, 4, a_m, c_m))                             # more: from 32 MiB
     with pytest.raises(pm.ModelError):
         pm.fit_mpi(obs[:1])
 
