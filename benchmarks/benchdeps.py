@@ -15,7 +15,7 @@ Everything else the scripts import (NumPy, Numba, mpi4py, tqdm) is a hard depend
 import importlib
 import sys
 
-__all__ = ["missing", "require", "require_or_exit", "can_plot", "INSTALL"]
+__all__ = ["missing", "require", "require_or_exit", "fail", "can_plot", "INSTALL"]
 
 INSTALL = {"matplotlib": "pip install 'mpitrain[bench]'", "torch": "pip install torch"}
 
@@ -36,11 +36,17 @@ def require(module, what):
 
 
 def require_or_exit(module, what, prog):
-    """``require``'s line as ``prog: error: ...`` on stderr and exit 2 when `module` is missing."""
+    """``require``'s line through ``fail`` when `module` is missing."""
     error = require(module, what)
     if error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(prog, error)
+
+
+def fail(prog, message):
+    """A prerequisite is missing: ``prog: error: message`` on stderr and exit 2, nothing
+    measured."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def can_plot(png):

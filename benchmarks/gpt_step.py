@@ -138,12 +138,6 @@ def copy_weights(ours, net):
             theirs[name].copy_(torch.from_numpy(ours.kernels.to_host(p.data)))
 
 
-def fail(message):
-    """One line on stderr and exit 2: a prerequisite is missing, nothing was timed."""
-    print(f"gpt_step: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main(argv=None):
     args = parse_args(argv)
     benchutil.set_threads(args.threads)
@@ -152,9 +146,9 @@ def main(argv=None):
         if args.device == "cuda":
             import torch
             if not torch.cuda.is_available():
-                fail(f"the PyTorch comparison on --device cuda needs a torch that sees the GPU "
-                     f"(torch {torch.__version__}: torch.cuda.is_available() is False; "
-                     f"or --no-torch)")
+                benchdeps.fail("gpt_step", f"the PyTorch comparison on --device cuda needs a "
+                               f"torch that sees the GPU (torch {torch.__version__}: "
+                               f"torch.cuda.is_available() is False; or --no-torch)")
     import numpy as np
 
     import mpitrain as mt
@@ -165,7 +159,7 @@ def main(argv=None):
     try:
         k = registry.get(args.device, args.kernels)
     except ImportError as exc:          # the flavour's own one line: no CuPy, no device, ...
-        fail(" ".join(str(exc).split()))
+        benchdeps.fail("gpt_step", " ".join(str(exc).split()))
     model = mt.models.get("gpt", vocab_size=args.vocab, block_size=args.block_size,
                           n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                           kernels=k)
