@@ -4,8 +4,6 @@ LeNet, 3 steps on synthetic data; final parameters (--save) must agree with the 
 rounding, on 1 rank and on 2 ranks sharing the GPU (against 1 CPU rank with the double batch).
 Launches mpiexec itself, so it is skipped when pytest already runs under mpiexec.
 """
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -13,10 +11,9 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
+from tests.support.launch import MPIEXEC, child_env
 
 pytestmark = pytest.mark.gpu
-ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-MPIEXEC = os.environ.get("MPIEXEC", str(ROOT / ".venv" / "bin" / "mpiexec"))
 ARGS = ["--model", "lenet", "--dataset", "synthetic", "--synthetic-samples", "64", "--steps", "3",
         "--lr", "0.05", "--no-progress"]
 
@@ -26,7 +23,8 @@ def run(tmp_path, tag, extra, ranks=1):
     cmd = [sys.executable, "-m", "mpitrain"] + ARGS + extra + ["--save", str(out)]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks)] + cmd
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env = child_env(settings=True)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
     res = subprocess.run(["timeout", "-k", "5", "240"] + cmd, env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=260)
     assert res.returncode == 0, res.stderr[-3000:]

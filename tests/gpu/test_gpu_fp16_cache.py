@@ -7,7 +7,6 @@ float16 buffers, so those must never be disk-cached for float16, while their flo
 cached. Offline, tests/cudasim/test_cuda_numba_kernels.py checks the same rule on the dispatchers
 (without the linking, which needs numba-cuda and a GPU).
 """
-import os
 import pathlib
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import sys
 import pytest
 
 from tests.support.gpu_backend import load_backend
+from tests.support.launch import child_env
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +47,8 @@ print("float16 and float32 ok")
 
 def test_float16_kernels_run_and_float32_kernels_stay_cached(tmp_path):
     load_backend("numba")                                   # skips without a GPU
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    # not a rank of the job this test may run in (2 ranks share the GPU in the GPU check)
+    env = child_env(settings=True, NUMBA_CACHE_DIR=str(tmp_path))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     res = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=240)
