@@ -11,18 +11,21 @@ MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
 # An outer launcher's variables (pytest itself may run under mpiexec): a child must not think
 # it is a rank of that job. MPICH's child then fails PMI_Init; Open MPI's joins as the parent's
 # rank and overwrites its shared-memory segment, so the parent's next collective crashes.
-LAUNCHER = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL")
-# Open MPI's permission to run as root is the user's, not the job's: kept.
+LAUNCHER = ("PMI_", "PMIX_", "MPI_LOCAL")
+# Inside an Open MPI job its launcher's OMPI_* (ranks, daemon URIs, job ids) go too; outside
+# one, OMPI_* are the user's settings. Open MPI's permission to run as root is always kept.
+OPEN_MPI_JOB = "OMPI_COMM_WORLD_RANK"
 KEPT = ("OMPI_ALLOW_RUN_AS_ROOT",)
 # Settings a CLI run must not inherit, so that the job sees only the flags the test gives it.
-SETTINGS = ("MPITRAIN_", "HYDRA_")
+SETTINGS = ("MPITRAIN_", "OMPI_", "HYDRA_")
 ONE_THREAD = dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
 
 
 def child_env(settings=False, **extra):
-    """os.environ without the launcher's variables (and without MPITRAIN_*/Hydra settings
-    unless ``settings``), one BLAS/Numba thread per rank, then ``extra``."""
-    drop = LAUNCHER if settings else LAUNCHER + SETTINGS
+    """os.environ without the launcher's variables (and without MPITRAIN_*/Open MPI/Hydra
+    settings unless ``settings``), one BLAS/Numba thread per rank, then ``extra``."""
+    drop = LAUNCHER + (("OMPI_",) if OPEN_MPI_JOB in os.environ else ())
+    drop += () if settings else SETTINGS
     env = {k: v for k, v in os.environ.items() if k.startswith(KEPT) or not k.startswith(drop)}
     env.update(ONE_THREAD, **extra)
     return env

@@ -52,6 +52,12 @@ def test_a_child_process_is_never_a_rank_of_the_job_around_it(monkeypatch):
     assert all(kept[k] == v for k, v in {**user, **settings}.items())
     plain = child_env()
     assert not (set(job) | set(settings)) & set(plain) and set(user) <= set(plain)
+    # outside an Open MPI job its OMPI_* variables are the user's settings
+    for k in job:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
+    assert child_env(settings=True)["OMPI_MCA_btl"] == "self,vader"
+    assert "OMPI_MCA_btl" not in child_env()
 
 
 def _calls_subprocess(tree):
