@@ -38,6 +38,8 @@ device arrays all slice the same way), sends them as raw bytes with the communic
 ``reduce(dst, src)`` -- so device buffers only need a device reduce function and a communicator
 that can move device memory.
 """
+import functools
+
 from mpi4py import MPI
 
 
@@ -76,11 +78,9 @@ def ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish=None):
         return buf
     if sub < 1 or scratch.shape[0] < 2 * sub:
         raise ValueError(f"ring scratch of {scratch.shape[0]} elements < 2 * sub ({sub})")
-    bounds = chunk_bounds(buf.shape[0], size)
     right, left = (rank + 1) % size, (rank - 1) % size
-    for step in range(size - 1):
-        send_c, recv_c = (rank - step) % size, (rank - step - 1) % size
-        _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch, sub, step,
+    for step, (sends, recvs) in enumerate(_schedule(buf.shape[0], size, rank, sub)[0]):
+        _reduce_step(comm, buf, sends, recvs, left, right, reduce, scratch, sub, step,
                      finish if step == size - 2 else None)
     return buf
 
@@ -90,46 +90,56 @@ def ring_allgather(comm, buf, sub):
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.shape[0] == 0:
         return buf
-    bounds = chunk_bounds(buf.shape[0], size)
     right, left = (rank + 1) % size, (rank - 1) % size
-    for step in range(size - 1):
-        send_c, recv_c = (rank + 1 - step) % size, (rank - step) % size
-        _copy_step(comm, buf, bounds, send_c, recv_c, left, right, sub, size + step)
+    for step, (sends, recvs) in enumerate(_schedule(buf.shape[0], size, rank, sub)[1]):
+        _copy_step(comm, buf, sends, recvs, left, right, size + step)
     return buf
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule(n, size, rank, sub):
+    """(reduce-scatter steps, allgather steps) of one rank, each step (the sub-chunks it sends,
+    the sub-chunks it receives) as (lo, hi) bounds: the table above, worked out once per shape
+    (a training step repeats the same few)."""
+    bounds = chunk_bounds(n, size)
+
+    def step(send_c, recv_c):
+        return _pieces(bounds, send_c, sub), _pieces(bounds, recv_c, sub)
+    return (tuple(step((rank - s) % size, (rank - s - 1) % size) for s in range(size - 1)),
+            tuple(step((rank + 1 - s) % size, (rank - s) % size) for s in range(size - 1)))
 
 
 def _pieces(bounds, c, sub):
     """(lo, hi) of the sub-chunks of chunk c; the same on sender and receiver."""
-    return [(lo, min(lo + sub, bounds[c + 1])) for lo in range(bounds[c], bounds[c + 1], sub)]
+    return tuple((lo, min(lo + sub, bounds[c + 1])) for lo in range(bounds[c], bounds[c + 1], sub))
 
 
 def _send_all(comm, buf, pieces, right, tag):
     return [comm.Isend([buf[lo:hi], MPI.BYTE], right, tag) for lo, hi in pieces]
 
 
-def _reduce_step(comm, buf, bounds, send_c, recv_c, left, right, reduce, scratch, sub, tag,
+def _reduce_step(comm, buf, send_pieces, pieces, left, right, reduce, scratch, sub, tag,
                  finish=None):
-    sends = _send_all(comm, buf, _pieces(bounds, send_c, sub), right, tag)
-    pieces = _pieces(bounds, recv_c, sub)
-    slots = (scratch[:sub], scratch[sub:2 * sub])
-    if pieces:
+    if pieces:                           # posted before the sends: no unexpected message
         lo, hi = pieces[0]
-        pending = comm.Irecv([slots[0][:hi - lo], MPI.BYTE], left, tag)
+        pending = comm.Irecv([scratch[:hi - lo], MPI.BYTE], left, tag)
+    sends = _send_all(comm, buf, send_pieces, right, tag)
     for k, (lo, hi) in enumerate(pieces):
         pending.Wait()
         if k + 1 < len(pieces):          # the next piece arrives while this one is reduced
             nlo, nhi = pieces[k + 1]
-            pending = comm.Irecv([slots[(k + 1) % 2][:nhi - nlo], MPI.BYTE], left, tag)
-        reduce(buf[lo:hi], slots[k % 2][:hi - lo])
+            other = sub * ((k + 1) % 2)
+            pending = comm.Irecv([scratch[other:other + nhi - nlo], MPI.BYTE], left, tag)
+        slot = sub * (k % 2)
+        reduce(buf[lo:hi], scratch[slot:slot + hi - lo])
         if finish is not None:
             finish(buf[lo:hi])
     for req in sends:
         req.Wait()
 
 
-def _copy_step(comm, buf, bounds, send_c, recv_c, left, right, sub, tag):
-    recvs = [comm.Irecv([buf[lo:hi], MPI.BYTE], left, tag)
-             for lo, hi in _pieces(bounds, recv_c, sub)]
-    sends = _send_all(comm, buf, _pieces(bounds, send_c, sub), right, tag)
+def _copy_step(comm, buf, send_pieces, recv_pieces, left, right, tag):
+    recvs = [comm.Irecv([buf[lo:hi], MPI.BYTE], left, tag) for lo, hi in recv_pieces]
+    sends = _send_all(comm, buf, send_pieces, right, tag)
     for req in recvs + sends:
         req.Wait()
