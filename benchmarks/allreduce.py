@@ -5,10 +5,13 @@
                                                [--json PATH] [--plot [PATH]]
 
 For each float32 size (powers of two, 4 B .. 256 MB) both implementations run the same number of
-iterations (at least 20), alternating ours / MPI (and which goes first), each timed between
-barriers; the reported time is the median over iterations of the slowest rank. Ours is the in-place
-``mt.allreduce_`` with ``--op`` (sum by default; average adds the 1/N scale, which MPI's side,
-a plain MPI_SUM, does not do). algbw = bytes / time; busbw = algbw * 2(N-1)/N
+iterations (at least 20) on the same buffer, alternating ours / MPI (and which goes first), each
+timed between barriers; the reported time is the median over iterations of the slowest rank. One
+buffer serves both sides because where an array lands in memory (its huge pages, its offsets
+against the other buffers) moves one implementation's time by up to a quarter between two
+arrays of the same size. Ours is the in-place ``mt.allreduce_`` with ``--op`` (sum by default);
+MPI's side is MPI_Allreduce with MPI_SUM, and for ``--op average`` then the 1/N scale a user of
+MPI would write (``buf *= 1/N``). algbw = bytes / time; busbw = algbw * 2(N-1)/N
 (the bytes each rank must move, so busbw is comparable across N); ratio = t_mpi / t_ours (> 1:
 ours is faster). Before timing each size, both results are checked against the exact expected
 sum; a wrong value prints the size and exits 1 (on every rank). The check cost (cross-rank
@@ -61,10 +64,14 @@ def verify(comm, n_elems):
 
 def bench_size(comm, nbytes, budget_s, op=mt.Sum):
     n = max(1, nbytes // 4)
-    ours_buf = np.zeros(n, np.float32)                             # (n,)
-    mpi_buf = np.zeros(n, np.float32)                              # (n,)
-    ours = lambda: mt.allreduce_(ours_buf, op=op)                  # noqa: E731
-    theirs = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_buf, op=MPI.SUM)  # noqa: E731
+    buf = np.zeros(n, np.float32)           # (n,), both sides: zeros stay zeros, sum or mean
+    inverse = np.float32(1 / comm.Get_size())
+    ours = lambda: mt.allreduce_(buf, op=op)                       # noqa: E731
+
+    def theirs():
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        if op is mt.Average:
+            np.multiply(buf, inverse, out=buf)
     ours(), theirs()                                               # warm-up (JIT, buffers)
     iters = comm.bcast(iterations(n * 4, budget_s), root=0)
     t_ours, t_mpi = [], []
@@ -111,7 +118,7 @@ def main(argv=None):
     p.add_argument("--algo", choices=["auto", "ring", "mpi"], default="auto",
                    help="path for our allreduce (sets MPITRAIN_ALLREDUCE)")
     p.add_argument("--op", choices=["sum", "average"], default="sum",
-                   help="our allreduce's op (MPI's side always sums)")
+                   help="our allreduce's op (MPI's side sums, then scales for average)")
     p.add_argument("--budget", type=float, default=0.3,
                    help="approximate seconds per size per implementation")
     p.add_argument("--out", default="out/bench", help="directory for allreduce.json/.png")
