@@ -126,6 +126,7 @@ def main(argv=None):
     p.add_argument("--plot", nargs="?", const="", default=None,
                    help="write a PNG (default OUT/allreduce.png)")
     args = p.parse_args(argv)
+    load = os.getloadavg()[0]                      # the machine as the run found it
     os.environ["MPITRAIN_ALLREDUCE"] = args.algo
     mt.init()
     comm = MPI.COMM_WORLD
@@ -176,16 +177,16 @@ def main(argv=None):
                   f"{(c['with_check_s'] - c['without_check_s']) * 1e6:.1f} us "
                   f"({c['with_check_s'] * 1e6:.1f} us with, {c['without_check_s'] * 1e6:.1f} us "
                   f"without)")
-        write_outputs(args, size, results, cost)
+        write_outputs(args, size, results, cost, load)
     return 0
 
 
-def write_outputs(args, size, results, cost):
+def write_outputs(args, size, results, cost, load):
     json_path = args.json or os.path.join(args.out, "allreduce.json")
     threshold = world.current().settings.ring_threshold(size)
     benchutil.write_json(json_path, {"ranks": size, "algo": args.algo, "op": args.op,
                                      "ring_threshold_bytes": threshold, "results": results,
-                                     "check_cost": cost})
+                                     "check_cost": cost, "load_average_at_start": load})
     print(f"# wrote {json_path}")
     if args.plot is None:
         return

@@ -51,8 +51,9 @@ def build(bench):
         if not (bench / name).is_file():
             raise FileNotFoundError(f"{bench / name} not found: run `make bench` first")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    out = [BEGIN, "", f"Last `make bench`: {stamp} (load average before: "
-           f"{os.getloadavg()[0]:.1f}).", ""]
+    load = json.loads((bench / "allreduce.json").read_text()).get("load_average_at_start")
+    load = f"{load:.1f} as it began" if load is not None else f"{os.getloadavg()[0]:.1f} at its end"
+    out = [BEGIN, "", f"Last `make bench`: {stamp} (load average {load}).", ""]
     out += allreduce_table(bench / "allreduce.json") + [""]
     out += step_table(bench / "step.json") + [""]
     for name in ("scaling-weak.md", "perfmodel.md"):

@@ -15,7 +15,8 @@ def _bench(tmp_path):
     row = {"bytes": 4096, "ours_s": 12e-6, "mpi_s": 6e-6, "ours_min_s": 11e-6, "mpi_min_s": 5e-6,
            "ours_busbw_GBps": 0.3, "ratio": 0.5, "ratio_min": 0.45}
     (bench / "allreduce.json").write_text(json.dumps({"ranks": 2, "algo": "auto",
-                                                      "results": [row]}))
+                                                      "results": [row],
+                                                      "load_average_at_start": 0.3}))
     best = {"fwd_ms": 3.4, "bwd_ms": 4.3, "update_ms": 0.9, "step_ms": 8.6, "gemm_ms": 8.1,
             "ratio_step_gemm": 1.06, "gflops": 71.8}
     (bench / "step.json").write_text(json.dumps({"argv": ["--model", "mlp"], "results": [
@@ -34,6 +35,7 @@ def test_first_run_appends_then_reruns_replace_only_the_block(tmp_path):
     assert "| 4096 | 12.0 (11.0) | 6.0 (5.0) | 0.300 | 0.50 (0.45) |" in first
     assert "| mlp | 64 | 1 | 3.40 | 4.30 | 0.90 | 8.60 | 8.10 | 1.06 | 71.8 | 102.0 |" in first
     assert "| mlp | 2 |" in first
+    assert "(load average 0.3 as it began)" in first      # the machine before the benchmarks
     doc.write_text(first + "\ntail text\n")
     (bench / "scaling-weak.md").write_text("| model | N |\n|---|---|\n| lenet | 4 |\n")
     assert report.main(["--bench", str(bench), "--doc", str(doc)]) == 0
