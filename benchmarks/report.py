@@ -19,8 +19,7 @@ BEGIN = "<!-- make bench: generated block begin (benchmarks/report.py) -->"
 END = "<!-- make bench: generated block end -->"
 
 
-def allreduce_table(path):
-    data = json.loads(path.read_text())
+def allreduce_table(data):
     lines = [f"Allreduce, float32, N={data['ranks']}, path `{data['algo']}` "
              f"(ratio = MPI time / ours, > 1: ours faster; medians, min in brackets):", "",
              "| bytes | ours us | MPI us | busbw GB/s | ratio |", "|---|---|---|---|---|"]
@@ -51,10 +50,11 @@ def build(bench):
         if not (bench / name).is_file():
             raise FileNotFoundError(f"{bench / name} not found: run `make bench` first")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    load = json.loads((bench / "allreduce.json").read_text()).get("load_average_at_start")
+    allreduce = json.loads((bench / "allreduce.json").read_text())
+    load = allreduce.get("load_average_at_start")
     load = f"{load:.1f} as it began" if load is not None else f"{os.getloadavg()[0]:.1f} at its end"
     out = [BEGIN, "", f"Last `make bench`: {stamp} (load average {load}).", ""]
-    out += allreduce_table(bench / "allreduce.json") + [""]
+    out += allreduce_table(allreduce) + [""]
     out += step_table(bench / "step.json") + [""]
     for name in ("scaling-weak.md", "perfmodel.md"):
         if (bench / name).is_file():

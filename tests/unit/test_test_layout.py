@@ -70,8 +70,8 @@ def test_suites_run_under_mpiexec_start_children_outside_the_job():
     problems = []
     for folder in ("mpi", "gpu"):
         for path in sorted((TESTS / folder).rglob("*.py")):
-            tree = ast.parse(path.read_text(), str(path))
-            if _calls_subprocess(tree) and "child_env" not in path.read_text():
+            text = path.read_text()
+            if _calls_subprocess(ast.parse(text, str(path))) and "child_env" not in text:
                 problems.append(str(path.relative_to(TESTS.parent)))
     assert not problems, "start children with tests.support.launch.child_env(): " + \
         ", ".join(problems)
