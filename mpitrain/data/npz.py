@@ -13,53 +13,36 @@ Without a test pair the last 10% of the samples are the test split.
 
 x is float32 (N, ...), already normalised as your model wants it (uint8 pixels are refused: save
 ``(x / 255).astype(np.float32)`` or your own standardisation); y is integer (N,), labels in
-[0, classes), classes = max(y) + 1 over both splits. x is never read whole: .npy files are opened
-with ``np.load(mmap_mode="r")``, and each member of an .npz is memory-mapped at its offset
+[0, classes), classes = max(y) + 1 over both splits. x is never read whole: .npy files are memory-mapped
+(``np.memmap``) after their header, and each member of an .npz is memory-mapped at its offset
 inside the zip (its local header and .npy header parsed; the member must be stored, not
 deflated), so a rank touches only the pages of the samples it reads. A compressed .npz
-(``np.savez_compressed``) cannot be mapped and is refused. The labels are small and are loaded
-(as int64).
+(``np.savez_compressed``) cannot be mapped and is refused. Headers are not trusted
+(npyfile.py): a shape the file's bytes cannot hold is refused before anything is mapped. The
+labels are small and are loaded (as int64), fewer than MAX_CLASSES classes.
 
 No MPI here; every failure is a DataError: one line naming the file and the problem.
 """
 import os
-import struct
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from mpitrain.data.dataset import Dataset
+from mpitrain.data.npyfile import array_bytes, read_header, stored_members
 from mpitrain.runtime.errors import DataError, one_line
 
 __all__ = ["load_npz", "TEST_FRACTION"]
 
 TEST_FRACTION = 0.1
+MAX_CLASSES = 1 << 20       # labels above are a damaged file, not a model's output layer
 NAMES = ("x", "y", "x_test", "y_test")
-_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")          # zip local file header, 30 bytes
-_LOCAL_MAGIC = b"PK\x03\x04"
-
-
-def _npy_layout(f, where):
-    """(shape, fortran_order, dtype) of the .npy header at f's position; f left at the data."""
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-    except ValueError as e:
-        raise DataError(f"{where}: not a .npy array ({one_line(e)})") from None
-    if dtype.hasobject:
-        raise DataError(f"{where}: holds Python objects ({dtype}); save plain numbers")
-    return shape, fortran, dtype
 
 
 def _map(path, offset, shape, fortran, dtype, where, available):
     """A read-only memmap of ``shape`` at ``offset`` of ``path`` (checked to fit)."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = array_bytes(shape, dtype)
     if nbytes > available:
         raise DataError(f"{where}: truncated: its header says {shape} {dtype} ({nbytes} bytes) "
                         f"but {available} bytes follow")
@@ -73,9 +56,8 @@ def _open_npy(path):
     where = str(path)
     try:
         with open(path, "rb") as f:
-            shape, fortran, dtype = _npy_layout(f, where)
-            offset = f.tell()
-        size = os.path.getsize(path)
+            shape, fortran, dtype, offset = read_header(f, where)
+            size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or one_line(e)})") from None
     return _map(path, offset, shape, fortran, dtype, where, size - offset)
@@ -85,32 +67,17 @@ def _open_npz(path):
     """{name: memmap} for the members x, y, x_test, y_test present in an uncompressed .npz."""
     arrays = {}
     try:
-        with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
-            members = {info.filename: info for info in zf.infolist()}
+        with open(path, "rb") as f:
+            members = stored_members(path, f)
             for name in NAMES:
-                info = members.get(name + ".npy")
-                if info is None:
+                if name + ".npy" not in members:
                     continue
-                where = f"{path}: member {info.filename}"
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise DataError(f"{where} is compressed, so it cannot be memory-mapped; save "
-                                    f"with np.savez (not np.savez_compressed) or as .npy files")
-                if info.flag_bits & 0x1:
-                    raise DataError(f"{where} is encrypted")
-                f.seek(info.header_offset)
-                header = f.read(_LOCAL_HEADER.size)
-                if len(header) != _LOCAL_HEADER.size or header[:4] != _LOCAL_MAGIC:
-                    raise DataError(f"{where}: bad zip local header at offset "
-                                    f"{info.header_offset}")
-                fields = _LOCAL_HEADER.unpack(header)
-                start = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
+                where = f"{path}: member {name}.npy"
+                start, size = members[name + ".npy"]
                 f.seek(start)
-                shape, fortran, dtype = _npy_layout(f, where)
-                offset = f.tell()
-                arrays[name] = _map(path, offset, shape, fortran, dtype, where,
-                                    info.file_size - (offset - start))
-    except zipfile.BadZipFile as e:
-        raise DataError(f"{path}: not an .npz (zip) file ({one_line(e)})") from None
+                shape, fortran, dtype, header = read_header(f, where)
+                arrays[name] = _map(path, start + header, shape, fortran, dtype, where,
+                                    size - header)
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or one_line(e)})") from None
     missing = [n + ".npy" for n in ("x", "y") if n not in arrays]
@@ -151,6 +118,9 @@ def _check(where, x, y):
     y = np.array(y, dtype=np.int64)                     # small: loaded, (N,)
     if len(y) and y.min() < 0:
         raise DataError(f"{where}: label {y.min()} is negative; labels are 0, 1, 2, ...")
+    if len(y) and y.max() >= MAX_CLASSES:
+        raise DataError(f"{where}: label {y.max()} is too large (labels are 0, 1, 2, ..., "
+                        f"fewer than {MAX_CLASSES} classes)")
     return x, y
 
 

@@ -34,14 +34,15 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
-import zipfile
 
 import numpy as np
 
 from mpitrain.runtime import atomic, env
 from mpitrain import comm
-from mpitrain.runtime.errors import CheckpointError, one_line
+from mpitrain.data import npyfile
+from mpitrain.runtime.errors import CheckpointError, DataError, one_line
 from mpitrain.parallel.optimizer import DistributedOptimizer
 
 FORMAT = 1
@@ -58,14 +59,22 @@ def checkpoint_path(directory, step):
 
 
 def list_checkpoints(directory):
-    """[(step, path)] of the checkpoint files in ``directory``, oldest first ([] if none)."""
+    """[(step, path)] of the checkpoint files in ``directory``, oldest first ([] if none):
+    regular files only (a FIFO under such a name would block whoever opens it)."""
     try:
-        names = os.listdir(directory)
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
         return []
-    found = [(int(m.group(1)), os.path.join(directory, n)) for n in names
-             for m in [_NAME.match(n)] if m]
+    found = [(int(m.group(1)), entry.path) for entry in entries
+             for m in [_NAME.match(entry.name)] if m and _regular(entry)]
     return sorted(found)
+
+
+def _regular(entry):
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def atomic_savez(path, arrays):
@@ -105,45 +114,154 @@ class Checkpoint:
         return self.meta["step"]
 
 
-def load(path):
-    """Read and verify one checkpoint; CheckpointError (one line) if it cannot be used."""
+def load(path, schema=None):
+    """Read and verify one checkpoint; CheckpointError (one line) if it cannot be used.
+    ``schema``: {key: Key} the reader's own ``__meta__`` keys must meet (see Key)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(_ZIP))
+        # O_NONBLOCK: a FIFO under a checkpoint's name must not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(exc)})") from None
-    if head != _ZIP:    # np.load would take it for a pickle and advise allow_pickle=True
-        raise CheckpointError(f"{path}: not a .npz checkpoint (no zip header)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {key: z[key] for key in z.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(exc)})") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointError(f"{path}: not a regular file")
+            if f.read(len(_ZIP)) != _ZIP:   # np.load would take it for a pickle
+                raise CheckpointError(f"{path}: not a .npz checkpoint (no zip header)")
+            arrays = _read_arrays(path, f)
+        except CheckpointError:
+            raise
+        except DataError as exc:
+            raise CheckpointError(str(exc)) from None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(exc)})") \
+                from None
     if "__meta__" not in arrays or "__checksum__" not in arrays:
         raise CheckpointError(f"{path}: not an mpitrain checkpoint (no __meta__/__checksum__)")
-    stored = str(arrays.pop("__checksum__"))
-    if _checksum(arrays) != stored:
+    stored = arrays.pop("__checksum__")
+    if stored.dtype.kind != "U" or stored.shape != () or _checksum(arrays) != str(stored):
         raise CheckpointError(f"{path}: checksum mismatch, the file is corrupt")
-    meta = json.loads(str(arrays["__meta__"]))
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, "
-                              f"expected {FORMAT}")
-    params = {name: arrays[f"param/{name}"] for name in meta["param_names"]}
-    optimizer_state = _unflatten(meta.pop("optimizer_layout"), arrays)
+    try:
+        meta = _meta(path, arrays, schema or {})
+        params = {name: arrays[f"param/{name}"] for name in meta["param_names"]}
+        optimizer_state = _unflatten(meta.pop("optimizer_layout"), arrays)
+    except CheckpointError:
+        raise
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: damaged __meta__: {exc}") from None
     return Checkpoint(path, params, optimizer_state, meta)
 
 
-def read_latest(directory):
+class Key:
+    """One ``__meta__`` key a reader relies on: the JSON types it may have (int never means
+    bool), the least value of a number, and whether files that predate it lack it (optional).
+    A checkpoint whose keys do not meet the reader's schema is damaged, like a bad checksum:
+    ``read_latest`` skips it for the one before."""
+
+    def __init__(self, *types, minimum=None, optional=False):
+        self.types, self.minimum, self.optional = types, minimum, optional
+
+    def problem(self, value):
+        """Why ``value`` does not fit, or None."""
+        if not any(isinstance(value, t) and not (t is int and isinstance(value, bool))
+                   for t in self.types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in self.types)
+            return f"{value!r:.40} is not {names}"
+        if self.minimum is not None and isinstance(value, (int, float)) and not (
+                self.minimum <= value < _MAX_INT):
+            return f"{value!r} is outside [{self.minimum}, 2^63)"
+        return None
+
+
+_MAX_INT = 1 << 63
+_MAX_DEPTH = 64      # JSON nesting: the optimizer layout is a few levels; pickle recurses per level
+_FORMAT_KEYS = {"format": Key(int), "step": Key(int, minimum=0), "param_names": Key(list),
+                "optimizer_layout": Key(dict, list, str, int, float, bool, type(None))}
+_ARRAY_KINDS = "biufcU"     # numbers, bool and the unicode of __meta__: what write() stores
+
+
+def _read_arrays(path, f):
+    """{key: ndarray} of the archive open as ``f``: every member stored and exactly the size
+    its .npy header says (npyfile.py), so nothing larger than the file is ever allocated."""
+    arrays = {}
+    for name, (start, size) in npyfile.stored_members(path, f).items():
+        where = f"{path}: member {name}"
+        if not name.endswith(".npy"):
+            raise CheckpointError(f"{where}: not an array (.npy)")
+        f.seek(start)
+        shape, fortran, dtype, header = npyfile.read_header(f, where)
+        nbytes = npyfile.array_bytes(shape, dtype)
+        if dtype.kind not in _ARRAY_KINDS:
+            raise CheckpointError(f"{where}: dtype {dtype} is not one a checkpoint holds")
+        if header + nbytes != size:
+            raise CheckpointError(f"{where}: its header says {shape} {dtype} ({nbytes} bytes) "
+                                  f"but the member holds {size - header}")
+        buffer = bytearray(nbytes)
+        if f.readinto(buffer) != nbytes:
+            raise CheckpointError(f"{where}: truncated")
+        arrays[name[:-len(".npy")]] = np.frombuffer(buffer, dtype).reshape(
+            shape, order="F" if fortran else "C")
+    return arrays
+
+
+def _meta(path, arrays, schema):
+    """``__meta__`` as a dict, its keys checked against the format's and ``schema``; ValueError
+    saying what is wrong."""
+    text = arrays["__meta__"]
+    if text.dtype.kind != "U" or text.shape != ():
+        raise ValueError(f"a {text.dtype} {text.shape} array, not a JSON string")
+    try:
+        meta = json.loads(str(text))
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({one_line(exc)})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+    _check_depth(meta)
+    if meta.get("format") != FORMAT or isinstance(meta.get("format"), bool):
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, "
+                              f"expected {FORMAT}")
+    for key, rule in {**_FORMAT_KEYS, **schema}.items():
+        if key not in meta:
+            if not rule.optional:
+                raise ValueError(f"no {key!r}")
+            continue
+        problem = rule.problem(meta[key])
+        if problem is not None:
+            raise ValueError(f"{key!r}: {problem}")
+    named = _NAME.match(os.path.basename(path))
+    if named and int(named.group(1)) != meta["step"]:
+        raise ValueError(f"'step' {meta['step']} in a file named for step {int(named.group(1))}")
+    names = meta["param_names"]
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError("'param_names' is not a list of distinct names")
+    absent = [n for n in names if f"param/{n}" not in arrays]
+    if absent:
+        raise ValueError(f"'param_names' names {absent[0]!r}, which the file does not hold")
+    return meta
+
+
+def _check_depth(obj):
+    """ValueError if ``obj`` (JSON data) nests deeper than _MAX_DEPTH."""
+    level = [obj]
+    for _ in range(_MAX_DEPTH):
+        level = [v for o in level if isinstance(o, (dict, list))
+                 for v in (o.values() if isinstance(o, dict) else o)]
+        if not level:
+            return
+    raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
+
+
+def read_latest(directory, schema=None):
     """(newest valid Checkpoint or None, [one-line reasons for newer files that were skipped]).
 
     None when the folder has no checkpoint files; CheckpointError when it has some and none is
-    valid (the reason names the newest).
+    valid (the reason names the newest). ``schema``: as ``load``'s.
     """
     skipped = []
     for _, path in reversed(list_checkpoints(directory)):
         try:
-            return load(path), skipped
+            return load(path, schema), skipped
         except CheckpointError as exc:
             skipped.append(str(exc))
     if skipped:
@@ -301,12 +419,25 @@ def _flatten(obj, arrays):
 
 
 def _unflatten(layout, arrays):
+    """The optimizer state ``_flatten`` wrote as ``layout``; ValueError if the layout is not
+    one it writes (depth is bounded by _check_depth)."""
     if isinstance(layout, dict):
-        if "array" in layout:
-            return arrays[layout["array"]]
-        if "dict" in layout:
-            return {k: _unflatten(v, arrays) for k, v in layout["dict"]}
-        if "tuple" in layout:
-            return tuple(_unflatten(v, arrays) for v in layout["tuple"])
-        return [_unflatten(v, arrays) for v in layout["list"]]
+        if len(layout) != 1:
+            raise ValueError(f"optimizer layout node with keys {sorted(layout)[:4]}")
+        (kind, value), = layout.items()
+        if kind == "array":
+            if not (isinstance(value, str) and value.startswith("optim/") and value in arrays):
+                raise ValueError(f"optimizer layout names array {value!r:.40}, not in the file")
+            return arrays[value]
+        if kind not in ("dict", "tuple", "list") or not isinstance(value, list):
+            raise ValueError(f"optimizer layout node {kind!r:.40}")
+        if kind == "dict":
+            if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], (str, int))
+                       for p in value):
+                raise ValueError("optimizer layout dict is not a list of [key, value] pairs")
+            return {k: _unflatten(v, arrays) for k, v in value}
+        items = [_unflatten(v, arrays) for v in value]
+        return tuple(items) if kind == "tuple" else items
+    if isinstance(layout, list):
+        raise ValueError("optimizer layout holds a bare list")
     return layout

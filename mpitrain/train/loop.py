@@ -19,7 +19,7 @@ import numpy as np
 from mpitrain import comm, data, nn, optim
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.parallel.evaluation import evaluate
-from mpitrain.runtime.errors import CheckpointError, Preempted, UsageError
+from mpitrain.runtime.errors import CheckpointError, Preempted, UsageError, one_line
 from mpitrain.timeline import current as current_timeline
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.plan import make_plan
@@ -29,6 +29,16 @@ from mpitrain.train.records import LOG_RECORDS_PER_EPOCH, Outputs, Records
 from mpitrain.train.sample import sample_text
 
 EVAL_BATCH = 500
+# The __meta__ keys save_checkpoint writes beside the format's own, as resume relies on them: a
+# checkpoint whose keys do not fit is damaged (read_latest skips it for the one before).
+META = {"model": ckpt.Key(str), "dataset": ckpt.Key(str), "optimizer": ckpt.Key(str),
+        "seed": ckpt.Key(int), "epoch": ckpt.Key(int, minimum=0),
+        "epoch_position_samples": ckpt.Key(int, minimum=0),
+        "global_batch": ckpt.Key(int, minimum=1, optional=True),
+        "ranks_at_save": ckpt.Key(int, minimum=1, optional=True),
+        "hidden": ckpt.Key(list, type(None), optional=True),
+        "vocabulary": ckpt.Key(str, type(None), optional=True),
+        "deterministic_micro_shards": ckpt.Key(int, type(None), minimum=1, optional=True)}
 
 
 class Trainer:
@@ -80,8 +90,11 @@ class Trainer:
         try:
             self.model.load_state_dict(checkpoint["params"])
             self.optimizer.optimizer.load_state_dict(checkpoint["optimizer"])
-        except ValueError as exc:
-            raise CheckpointError(f"{path} does not fit this model: {exc}") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"{path} does not fit this model: {one_line(exc)}") from None
+        if meta["epoch_position_samples"] > len(self.train_set):
+            raise CheckpointError(f"{path} stopped {meta['epoch_position_samples']} samples into "
+                                  f"an epoch, but {config.dataset} has {len(self.train_set)}")
         p = self.progress
         p.step, p.epoch, p.position = meta["step"], meta["epoch"], meta["epoch_position_samples"]
         self.last_checkpoint_step = p.step

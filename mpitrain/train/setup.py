@@ -26,7 +26,7 @@ from mpitrain.runtime import env, threads
 from mpitrain.runtime.errors import DataError, Interrupted, UsageError, one_line
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train import tensorboard
-from mpitrain.train.loop import Trainer
+from mpitrain.train.loop import META, Trainer
 from mpitrain.train.preempt import Signals
 from mpitrain.train.records import Outputs
 
@@ -132,20 +132,30 @@ def _check_micro_shards(m, size, global_batch):
 
 
 def _build_model(config, train_set, backend):
+    """The zoo model the flags describe; UsageError when its parameters cannot be allocated
+    (--hidden 100000000), before any step."""
     if config.model == "gpt":
-        return models.get("gpt", vocab_size=train_set.classes, block_size=config.block_size,
-                          n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
-                          dropout=config.dropout, seed=config.seed, kernels=backend)
-    kw = dict(seed=config.seed, kernels=backend, classes=train_set.classes)
-    if config.model == "mlp":
-        kw["in_features"] = int(np.prod(train_set.images.shape[1:]))
-        if config.hidden is not None:
-            kw["hidden"] = tuple(config.hidden)
-    if config.model.startswith("resnet"):
-        kw["input_shape"] = tuple(train_set.images.shape[1:])   # any (C, H, W)
-    if config.dropout:
-        kw["dropout"] = config.dropout
-    model = models.get(config.model, **kw)
+        kw = dict(vocab_size=train_set.classes, block_size=config.block_size,
+                  n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd,
+                  dropout=config.dropout, seed=config.seed, kernels=backend)
+    else:
+        kw = dict(seed=config.seed, kernels=backend, classes=train_set.classes)
+        if config.model == "mlp":
+            kw["in_features"] = int(np.prod(train_set.images.shape[1:]))
+            if config.hidden is not None:
+                kw["hidden"] = tuple(config.hidden)
+        if config.model.startswith("resnet"):
+            kw["input_shape"] = tuple(train_set.images.shape[1:])   # any (C, H, W)
+        if config.dropout:
+            kw["dropout"] = config.dropout
+    try:
+        model = models.get(config.model, **kw)
+    except MemoryError as exc:
+        hidden = f" --hidden {','.join(map(str, config.hidden))}" if config.hidden else ""
+        raise UsageError(f"--model {config.model}{hidden}: its parameters do not fit in memory "
+                         f"({one_line(exc)})") from None
+    if config.model == "gpt":
+        return model
     if config.sync_bn:
         if not any(isinstance(m, nn.BatchNormBase) for m in model.modules()):
             if comm.rank() == 0:
@@ -180,7 +190,7 @@ def _read_checkpoint(config):
     """Rank 0: the newest valid checkpoint as plain data (or None); others: None."""
     if comm.rank() != 0:
         return None
-    found, skipped = ckpt.read_latest(config.checkpoint_dir)
+    found, skipped = ckpt.read_latest(config.checkpoint_dir, schema=META)
     for reason in skipped:
         print(f"mpitrain: warning: skipping {reason}", file=sys.stderr, flush=True)
     if found is None:
@@ -286,7 +296,7 @@ def _start(config, signals=None):
         train_set, test_set = _agree(_datasets, config)
         _agree(_check_sizes, config, train_set, test_set, size)
         _agree(_check_outputs, config, rank)
-        model = _build_model(config, train_set, backend)
+        model = _agree(_build_model, config, train_set, backend)
         base_lr = config.lr * (size if config.scale_lr else 1)
         optimizer = _build_optimizer(config, model, base_lr)
         outputs = Outputs(rank)

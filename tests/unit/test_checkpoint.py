@@ -283,3 +283,157 @@ def test_atomic_files_get_the_umask_permissions_not_the_temp_files(tmp_path):
     plain.write_bytes(b"x")
     path = atomic.write(tmp_path / "atomic", lambda f: f.write(b"x"))
     assert os.stat(path).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
+
+
+# -- files an attacker wrote: the checksum is a plain SHA-256 anyone can recompute ----------------
+
+def _sha256(arrays):
+    """The checksum as the module docstring defines it (name, dtype, shape, bytes), recomputed
+    here as anyone can."""
+    import hashlib
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        a = np.ascontiguousarray(arrays[key])
+        h.update(f"{key}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _forge(path, meta=None, text=None, **arrays):
+    """Rewrite checkpoint ``path`` with ``meta`` changed (or __meta__ replaced by ``text``) and
+    ``arrays`` added, its checksum recomputed: valid as far as the checksum can tell."""
+    with np.load(path, allow_pickle=False) as z:
+        entries = {k: z[k] for k in z.files if k != "__checksum__"}
+    record = json.loads(str(entries["__meta__"]))
+    record.update(meta or {})
+    entries["__meta__"] = np.array(json.dumps(record) if text is None else text)
+    entries.update(arrays)
+    entries["__checksum__"] = np.array(_sha256(entries))
+    np.savez(path, **entries)
+    return path
+
+
+CLI_META = {"model": "mlp", "dataset": "synthetic", "optimizer": "sgd", "seed": 0, "epoch": 1,
+            "epoch_position_samples": 16}
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(text="{not json"), "damaged __meta__: not JSON"),
+    (dict(text="[1, 2]"), "damaged __meta__: a JSON list, not an object"),
+    (dict(text="[" * 100000 + "]" * 100000), "damaged __meta__: not JSON"),
+    (dict(meta={"deep": json.loads("[" * 100 + "]" * 100)}), "nested deeper than 64 levels"),
+    (dict(meta={"step": "9"}), "damaged __meta__: 'step': '9' is not int"),
+    (dict(meta={"step": True}), "'step': True is not int"),
+    (dict(meta={"step": 4}), "'step' 4 in a file named for step 9"),
+    (dict(meta={"param_names": ["0.weight", "nope"]}), "names 'nope', which the file"),
+    (dict(meta={"param_names": "0.weight"}), "'param_names': '0.weight' is not list"),
+    (dict(meta={"optimizer_layout": {"array": "param/0.bias"}}), "names array 'param/0.bias'"),
+    (dict(meta={"optimizer_layout": {"dict": [[1]]}}), "not a list of [key, value] pairs"),
+    (dict(meta={"optimizer_layout": {"list": [], "tuple": []}}), "node with keys"),
+    (dict(meta={"epoch_position_samples": -16}), "'epoch_position_samples': -16 is outside"),
+    (dict(meta={"epoch": 2.5}), "'epoch': 2.5 is not int"),
+    (dict(meta={"hidden": "16"}), "'hidden': '16' is not list or null"),
+])
+def test_a_forged_meta_is_a_damaged_checkpoint_and_the_one_before_is_read(tmp_path, change,
+                                                                           reason):
+    from mpitrain.train.loop import META
+    params, opt = _state()
+    ck.write(tmp_path, 5, params, opt, dict(CLI_META, tag="five"))
+    forged = _forge(ck.write(tmp_path, 9, params, opt, CLI_META), **change)
+    if "meta" in change and "epoch" not in str(change) and "hidden" not in str(change):
+        with pytest.raises(ck.CheckpointError) as info:     # the format's own keys, any reader
+            ck.load(forged)
+        assert reason in str(info.value)
+    got, skipped = ck.read_latest(tmp_path, schema=META)
+    assert got.meta["tag"] == "five"
+    assert len(skipped) == 1 and skipped[0].startswith(f"{forged}: ") and reason in skipped[0]
+    assert "\n" not in skipped[0]
+
+
+def _zip(path, members, compression=None):
+    """A zip of ``members`` (name -> bytes), stored unless ``compression``."""
+    import zipfile
+    with zipfile.ZipFile(path, "w", compression or zipfile.ZIP_STORED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _npy_header(shape, descr="<f4"):
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False,
+                                               "shape": shape})
+    return buf.getvalue()
+
+
+def test_a_tiny_file_whose_header_claims_100_gib_is_skipped_unallocated(tmp_path):
+    params, opt = _state()
+    ck.write(tmp_path, 5, params, opt, {"tag": "five"})
+    claim = _zip(tmp_path / "ckpt-00000009.npz",
+                 {"__meta__.npy": _npy_header((25 << 30,)), "__checksum__.npy": b""})
+    assert claim.stat().st_size < 400
+    got, skipped = ck.read_latest(tmp_path)
+    assert got.meta["tag"] == "five"
+    assert skipped == [f"{claim}: member __meta__.npy: its header says ({25 << 30},) float32 "
+                       f"(107374182400 bytes) but the member holds 0"]
+
+
+@pytest.mark.parametrize("shape, needle", [((2**32, 2**32), "73786976294838206464 bytes"),
+                                           ((-1, 4), "negative dimension (-1, 4)")])
+def test_a_member_with_an_impossible_shape_is_one_line(tmp_path, shape, needle):
+    bad = _zip(tmp_path / "ckpt-00000001.npz", {"param/w.npy": _npy_header(shape) + bytes(16)})
+    with pytest.raises(ck.CheckpointError) as info:
+        ck.load(bad)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_deflated_member_is_refused_without_inflating_it(tmp_path):
+    """A 64 MiB member deflated into some 64 KB: refused from the zip's directory, so loading
+    takes no memory and no time (a 4 MB member inflating to 4 GiB is the same file, larger)."""
+    import tracemalloc
+    import zipfile
+    bomb = tmp_path / "ckpt-00000001.npz"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("__meta__.npy", "w") as member:
+            member.write(_npy_header((16 << 20,)))
+            block = bytes(1 << 20)
+            for _ in range(64):
+                member.write(block)
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(ck.CheckpointError, match="member __meta__.npy is compressed"):
+            ck.load(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def test_a_fifo_named_like_a_checkpoint_is_not_listed_and_never_blocks(tmp_path):
+    import threading
+    params, opt = _state()
+    ck.write(tmp_path, 5, params, opt, {"tag": "five"})
+    fifo = tmp_path / "ckpt-00000009.npz"
+    os.mkfifo(fifo)
+    (tmp_path / "ckpt-00000010.npz").mkdir()            # a folder by that name: not one either
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [5]
+    result = {}
+
+    def read():
+        result["latest"] = ck.read_latest(tmp_path)
+        try:
+            ck.load(fifo)                                  # named directly: refused at once
+        except ck.CheckpointError as exc:
+            result["direct"] = str(exc)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():                                 # unblock it: the old code's open()
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("reading a folder with a FIFO in it blocked")
+    got, skipped = result["latest"]
+    assert got.meta["tag"] == "five" and skipped == []
+    assert result["direct"] == f"{fifo}: not a regular file"

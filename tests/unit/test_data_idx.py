@@ -153,3 +153,50 @@ def test_pair_labels_not_1d_or_not_ubyte(tmp_path):
     lp = write(tmp_path / "lbls", idx_bytes(np.zeros((3,), np.int32), 0x0C))
     with pytest.raises(DataError, match="lbls: expected ubyte labels"):
         read_images_labels(ip, lp, (28, 28))
+
+
+# -- hostile headers: refused from the header, in one line, before any data is held ----------
+
+def test_255_dims_whose_product_overflows_int64_is_one_line(tmp_path):
+    header = struct.pack(">HBB", 0, 0x0D, 255) + struct.pack(">255I", *[0xFFFFFFFF] * 255)
+    for gz in (False, True):
+        msg = _raises(write(tmp_path / f"d{gz}", header + b"\0" * 64, gz), "header says")
+        assert ("truncated" in msg) if not gz else ("more than its" in msg)
+        assert "\n" not in msg
+
+
+def test_a_gzip_inflating_past_its_header_stops_one_byte_after_it(tmp_path):
+    """A small gzip whose header declares 4 bytes but that inflates to 64 MiB: the reader holds
+    the 4 bytes and reads one more, it never inflates the rest."""
+    path = tmp_path / "bomb.gz"
+    with gzip.open(path, "wb", compresslevel=9) as g:
+        g.write(struct.pack(">HBBI", 0, 8, 1, 4))
+        block = bytes(1 << 20)
+        for _ in range(64):
+            g.write(block)
+    assert path.stat().st_size < 200_000
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        _raises(path, "trailing bytes")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak                    # not the 64 MiB it would inflate to
+
+
+def test_a_gzip_whose_header_claims_more_than_deflate_can_give_is_refused_unread(tmp_path):
+    # 2^31 x 28 x 28 bytes are declared; a gzip of some 40 bytes cannot hold them
+    header = struct.pack(">HBB", 0, 8, 3) + struct.pack(">3I", 1 << 31, 28, 28)
+    _raises(write(tmp_path / "claim.gz", header, gz=True), "more than its")
+
+
+def test_a_pair_with_the_wrong_header_is_refused_before_its_data_is_read(tmp_path):
+    """(1000000, 5, 5) images with no data behind the header: what is wrong is the shape, which
+    the header alone shows, not the bytes that a reader of the data would miss."""
+    images = write(tmp_path / "imgs", idx_bytes(np.zeros((1, 5, 5), np.uint8))[:4] +
+                   struct.pack(">3I", 1000000, 5, 5))
+    labels = write(tmp_path / "lbls", idx_bytes(np.zeros(3, np.uint8)))
+    with pytest.raises(DataError, match=r"imgs: expected ubyte images \(N, 28, 28\), got uint8 "
+                                        r"\(1000000, 5, 5\)"):
+        read_images_labels(images, labels, (28, 28))

@@ -127,3 +127,44 @@ def test_truncated_npy(tmp_path):
 def test_a_missing_npz_file_is_named_as_such(tmp_path):
     with pytest.raises(DataError, match=r"missing\.npz: no such file$"):
         load_npz(tmp_path / "missing.npz")
+
+
+def _npy(header, body=b""):
+    """A .npy file's bytes: a header claiming anything (an attacker's), then ``body``."""
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + body
+
+
+@pytest.mark.parametrize("shape, match", [
+    ((2**32, 2**32), "truncated: its header says (4294967296, 4294967296) float32 "
+                     "(73786976294838206464 bytes) but 64 bytes follow"),
+    ((-5, 3), "its header has a negative dimension (-5, 3)"),
+])
+@pytest.mark.parametrize("layout", ["folder", "npz"])
+def test_a_header_the_file_cannot_hold_is_one_line(tmp_path, shape, match, layout):
+    crafted = _npy({"descr": "<f4", "fortran_order": False, "shape": shape}, bytes(64))
+    _, y = arrays()
+    if layout == "folder":
+        (tmp_path / "x.npy").write_bytes(crafted)
+        np.save(tmp_path / "y.npy", y)
+        one_line_error(tmp_path, match)
+    else:
+        import io
+        import zipfile
+        labels = io.BytesIO()
+        np.save(labels, y)
+        with zipfile.ZipFile(tmp_path / "d.npz", "w") as zf:       # stored, as np.savez
+            zf.writestr("x.npy", crafted)
+            zf.writestr("y.npy", labels.getvalue())
+        text = one_line_error(tmp_path / "d.npz", match)
+        assert "member x.npy" in text
+
+
+def test_a_label_too_large_for_any_model_is_one_line(tmp_path):
+    x, y = arrays()
+    y = y.astype(np.int64)
+    y[3] = 10**9
+    np.savez(tmp_path / "big.npz", x=x, y=y)
+    one_line_error(tmp_path / "big.npz", "label 1000000000 is too large")
