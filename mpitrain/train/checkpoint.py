@@ -16,8 +16,13 @@ of ranks, so a job resumes on any N.
 
 Writes are atomic: a temporary file in the same folder, flushed and fsynced, then ``os.replace``d
 over the final name (and the folder fsynced), so a crash leaves either the old set of files or the
-new one, never a torn file under a final name. Loading uses ``allow_pickle=False`` and verifies the
-checksum; ``read_latest`` skips damaged files and takes the newest valid one.
+new one, never a torn file under a final name. Loading trusts nothing in the file (the checksum
+is a plain SHA-256 anyone can recompute): only regular files are read; every member must be
+stored and exactly the size its .npy header gives (data/npyfile.py), so nothing larger than the
+file is allocated and nothing is inflated or unpickled; ``__meta__`` must be a JSON object whose
+format keys have their types (``Key``), and a reader's own keys (``schema``: the CLI's
+loop.META) theirs. ``read_latest`` skips a file that fails any check and takes the newest valid
+one.
 
 Two levels, one format:
 - ``write`` / ``read_latest`` / ``load``: one process, plain data (host arrays, dicts). The CLI's

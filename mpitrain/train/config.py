@@ -12,6 +12,7 @@ places in two units, which is what this file exists to avoid.
 the same verdict without talking to the others; the one-line error names the offending value.
 """
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -139,6 +140,9 @@ class Config:
                                       "(--no-decay-bn-bias)", off_flag="no_decay_bn_bias")
     clip_grad_norm: Optional[float] = _opt(None, "clip the global 2-norm of the averaged "
                                                  "gradients to this before each update")
+    nonfinite_steps: int = _opt(3, "stop the job (one line, exit 2) when the training loss is "
+                                   "NaN or infinite on some rank for this many consecutive "
+                                   "steps (0 = never: train on)")
 
     # -- parallel (see SECTIONS)
     average: str = _opt("gradients", "average gradients before every update (Horovod) or "
@@ -208,11 +212,16 @@ class Config:
                 paths = ", ".join(f"{p}PATH" for p in f.metadata["path_prefixes"])
                 raise UsageError(f"{_flag(f.name)} {value!r}: expected one of "
                                  f"{', '.join(choices)}{', or ' + paths if paths else ''}")
+        for f in dataclasses.fields(self):      # inf passes "> 0", nan fails every test
+            value = getattr(self, f.name)
+            if field_type(f) is float and value is not None and not math.isfinite(value):
+                raise UsageError(f"{_flag(f.name)} {value!r}: must be a finite number")
         at_least = {"epochs": 1, "batch_size": 1, "accumulate": 1, "average_every": 1,
                     "synthetic_samples": 1, "fusion_threshold_bytes": 0, "checkpoint_every": 0,
                     "eval_every": 0, "threads": 0, "seed": 0, "steps": 1, "keep_checkpoints": 0,
                     "global_batch_size": 1, "n_layer": 1, "n_head": 1, "n_embd": 1,
-                    "block_size": 1, "eval_batches": 1, "warmup_steps": 0, "sample": 0}
+                    "block_size": 1, "eval_batches": 1, "warmup_steps": 0, "sample": 0,
+                    "nonfinite_steps": 0}
         for name, low in at_least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UsageError(f"{_flag(name)} {getattr(self, name)!r}: must be >= {low}")

@@ -11,6 +11,7 @@ Recipe: ``--augment crop,flip`` transforms each training batch on the host after
 (data/augment.py, keyed by seed, epoch and sample index: the same global batch for any N); the
 test set is never augmented.
 """
+import math
 import sys
 import time
 
@@ -124,7 +125,9 @@ class Trainer:
             if not steps:  # resumed with a larger global batch than the epoch has left
                 progress.next_epoch()
             for step in steps:
-                loss, accuracy, flags = self.train_step(step)
+                # a loss gone NaN or inf is one line (--nonfinite-steps), not NumPy's warnings
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    loss, accuracy, flags = self.train_step(step)
                 epoch_end = progress.advance(step.samples)
                 records.show(loss, accuracy, epoch_end)
                 self.stop_if_flagged(self.flags.agree(flags, self.step, step.joins))
@@ -191,6 +194,7 @@ class Trainer:
             rows.append((loss * y.size, self.loss_fn.correct, y.size))
             plan.after_pass()
         if rows:
+            self.flags.loss_finite = math.isfinite(sum(row[0] for row in rows))
             with trace.span("optimizer.step", step=self.step + 1):
                 # ranks with no share of an uneven tail make no step: no flags in it
                 flags = self.optimizer.step(None if step.joins else self.flags.local())
@@ -218,11 +222,20 @@ class Trainer:
 
     def stop_if_flagged(self, flags):
         """After a step, on every rank with the same ``flags`` (preempt.py): rank 0's failed
-        write is an OutputError everywhere; a stop signal writes a checkpoint (unless this step
-        has one) and raises Preempted."""
+        write is an OutputError everywhere; --nonfinite-steps steps in a row with a loss that
+        is not finite are a UsageError everywhere (no checkpoint: its parameters are likely
+        NaN); a stop signal writes a checkpoint (unless this step has one) and raises
+        Preempted."""
         if flags & WRITE_FAILED:
             self.outputs.wait()
             self.outputs.check()
+        run, limit = self.flags.nonfinite_run, self.config.nonfinite_steps
+        if limit and run >= limit:
+            steps = f"step {self.step}" if run == 1 else \
+                f"{run} steps in a row, up to step {self.step}"
+            raise UsageError(f"the training loss is NaN or infinite on some rank at {steps}; "
+                             f"look for NaN/inf in the data or the resumed checkpoint, or lower "
+                             f"--lr (--nonfinite-steps 0 trains on)")
         name = signal_name(flags)
         if name is None:
             return

@@ -20,6 +20,13 @@ the flags wait for the next step.
 
 A write of rank 0's that failed (a checkpoint on the ``--checkpoint-async`` thread, a metrics
 line) is a flag too, so every rank stops at the next step with the same OutputError.
+
+So is a training loss that is NaN or infinite on some rank (NaN in the data or in a resumed
+checkpoint's parameters, an lr that diverges): ``nonfinite_run`` counts the consecutive steps
+whose agreed flags carry it, the same count on every rank, and the loop stops the job after
+``--nonfinite-steps`` of them with one line naming the step, instead of training on to
+"test loss nan" and exit code 0. In weights mode the flags are exchanged every
+``--average-every`` steps, so it counts those.
 """
 import signal
 
@@ -28,7 +35,8 @@ import numpy as np
 from mpitrain import comm
 
 WRITE_FAILED = 1 << 40          # above every signal number, which are bits 1 << signum
-_BITS = 41
+NONFINITE = 1 << 41             # this rank's loss of the step is NaN or infinite
+_BITS = 42
 
 
 class Signals:
@@ -65,21 +73,27 @@ class StepFlags:
         self.signals = Signals("none") if signals is None else signals
         # the steps a checkpoint may be written at: the replicas are one model there
         self.every = config.average_every if config.average == "weights" else 1
+        self.loss_finite = True     # this rank's loss of the step in progress (the loop sets it)
+        self.nonfinite_run = 0      # consecutive exchanges of flags carrying NONFINITE
 
     def local(self):
-        """This rank's flags: the signals it noted, WRITE_FAILED when rank 0's write failed."""
-        return self.signals.noted | (WRITE_FAILED if self.outputs.error is not None else 0)
+        """This rank's flags: the signals it noted, WRITE_FAILED when rank 0's write failed,
+        NONFINITE when its loss of the step is not finite."""
+        return (self.signals.noted | (WRITE_FAILED if self.outputs.error is not None else 0)
+                | (0 if self.loss_finite else NONFINITE))
 
     def agree(self, agreed, step, joined):
         """The OR of every rank's flags after optimizer step ``step`` (the same on every rank):
         ``agreed`` as the step's agreement carried it, else exchanged here where a checkpoint
         may follow the step; 0 after a step some ranks joined instead of making (``joined``)."""
-        if agreed is not None:
-            return agreed
-        if self.size == 1:
-            return self.local()
-        if joined or step % self.every:
-            return 0
+        if agreed is None:
+            if self.size > 1 and (joined or step % self.every):
+                return 0                                # nothing exchanged: the run goes on
+            agreed = self.local() if self.size == 1 else self._exchange()
+        self.nonfinite_run = self.nonfinite_run + 1 if agreed & NONFINITE else 0
+        return agreed
+
+    def _exchange(self):
         bits = (self.local() >> np.arange(_BITS, dtype=np.int64)) & 1          # (bits,)
         every = comm.allreduce(bits.astype(np.int32), op=comm.Max, name="StepFlags")
         return int(np.sum(every.astype(np.int64) << np.arange(_BITS, dtype=np.int64)))

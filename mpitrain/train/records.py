@@ -42,11 +42,22 @@ class Outputs:
             self.board = TensorBoard(folder)
 
     def open_metrics(self, path, append):
-        """Rank 0: start the --metrics-json file (appended to when resuming)."""
+        """Rank 0: start the --metrics-json file (appended to when resuming). A symbolic link
+        at the path is replaced by the file, never written through (as checkpoints, --save and
+        --timeline, which are renamed over it); a FIFO does not block the open. A failure is
+        this job's output error (``check``), not rank 0's alone."""
         if path and self.rank == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            self.path, self.fd = path, os.open(path, flags, 0o644)
+            self.path = path
+            flags = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | (0 if append else os.O_TRUNC))
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                if os.path.islink(path):
+                    os.unlink(path)
+                self.fd = os.open(path, flags, 0o644)
+                os.set_blocking(self.fd, True)
+            except OSError as exc:
+                self.error = f"cannot write --metrics-json {path}: {exc.strerror or one_line(exc)}"
 
     def write(self, record):
         """Append one metrics record (rank 0, with --metrics-json)."""

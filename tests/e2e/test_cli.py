@@ -218,6 +218,13 @@ BAD = {
                                "--crop-padding 28"),
     "milestones out of order": (["--epochs", "9", "--lr-schedule", "step", "--lr-milestones",
                                  "6,3"], "strictly increasing"),
+    "infinite lr": (["--lr", "inf"], "--lr inf: must be a finite number"),
+    "infinite weight decay": (["--weight-decay", "inf"], "--weight-decay inf: must be a finite"),
+    "infinite warm-up": (["--warmup-epochs", "inf"], "--warmup-epochs inf: must be a finite"),
+    "negative --nonfinite-steps": (["--nonfinite-steps", "-1"], "--nonfinite-steps -1"),
+    "model too large for memory": (["--hidden", "1000000000000"],
+                                   "--model mlp --hidden 1000000000000: its parameters do not "
+                                   "fit in memory"),
 }
 
 

@@ -186,3 +186,27 @@ def test_choices_come_from_their_owners():
     assert choices["lr_schedule"] == mt.optim.SCHEDULES
     assert choices["normalize"] == mt.data.NORMALIZATIONS
     assert set(choices["dataset"]) == set(mt.data.SPECS) | {"synthetic"}
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--weight-decay", "--warmup-epochs", "--momentum",
+                                  "--dropout", "--lr-gamma", "--min-lr", "--temperature",
+                                  "--clip-grad-norm"])
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan"])
+def test_a_hyper_parameter_that_is_not_finite_is_refused_from_flags_and_env(flag, text):
+    """inf passes "> 0" and ">= 0" where nan fails both: every float is checked for it first."""
+    line = f"{flag} {float(text)!r}: must be a finite number"
+    with pytest.raises(UsageError) as info:
+        cli.parse([f"{flag}={text}"])
+    assert str(info.value) == line
+    variable = cfg.env_name(flag[2:].replace("-", "_"))
+    with pytest.raises(UsageError) as info:
+        cli.parse([], environ={variable: text})
+    assert str(info.value) == line
+
+
+def test_nonfinite_steps_counts_steps_and_zero_never_stops():
+    assert cli.parse([]).nonfinite_steps == 3
+    assert cli.parse(["--nonfinite-steps", "0"]).nonfinite_steps == 0
+    assert cli.parse([], environ={"MPITRAIN_NONFINITE_STEPS": "7"}).nonfinite_steps == 7
+    with pytest.raises(UsageError, match="--nonfinite-steps -1: must be >= 0"):
+        cli.parse(["--nonfinite-steps", "-1"])
