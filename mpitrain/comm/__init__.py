@@ -15,7 +15,7 @@ import numpy as np
 from mpitrain.comm.abort import exit_now, install_abort_hook
 from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
                                       nccl_built)
-from mpitrain.comm.check import CollectiveError, format_groups, group
+from mpitrain.comm.check import INLINE_BYTES, CollectiveError, format_groups, group
 from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
                                        allgather_async, allgather_object, allreduce, allreduce_,
                                        allreduce_async, allreduce_async_, alltoall,
@@ -37,6 +37,7 @@ from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_proc
 from mpitrain.comm.settings import CommSettings, fusion_threshold_from_env
 from mpitrain.comm.tracing import start_timeline, stop_timeline
 from mpitrain.comm.tree import PairwiseSum, is_power_of_two, tree_allreduce
+from mpitrain.comm.watchdog import watched
 from mpitrain.comm.world import (comm, cross_rank, cross_size, init, is_initialized, local_rank,
                                  local_size, rank, shutdown, size)
 
@@ -48,7 +49,7 @@ __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgathe
            "BucketAllreduce", "check_threshold", "CollectiveError", "comm", "CommSettings",
            "cross_rank", "cross_size", "cuda_built", "DEFAULT_THRESHOLD_BYTES", "exit_now",
            "format_groups", "fusion_threshold", "fusion_threshold_from_env", "global_process_set",
-           "group", "group_size", "grouped_allreduce", "grouped_allreduce_",
+           "group", "group_size", "grouped_allreduce", "INLINE_BYTES", "grouped_allreduce_",
            "grouped_allreduce_async", "grouped_allreduce_async_", "Handle", "init",
            "install_abort_hook", "is_homogeneous", "is_initialized", "is_power_of_two", "join",
            "local_rank", "local_size", "Max", "Min", "mpi_built", "mpi_threads_supported",
@@ -62,20 +63,31 @@ __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgathe
 # of a step, the fixed-tree sum and the bucketed allreduce that overlaps backward.
 
 def agree(process_set, kind, fields, error=None, ordered=False, who="DistributedOptimizer",
-          flags=None):
+          flags=None, payload=None):
     """Check that every rank of ``process_set`` calls ``kind`` with the same ``fields`` (dict),
     raising on every rank: CollectiveError on a difference, ValueError when a rank has an
     ``error``. ``ordered``: behind whatever collectives are in flight (on the comm thread).
     ``who`` names the caller when this rank is not in ``process_set`` (ValueError).
     ``flags``: an int of this rank's bits carried in the same message; returns their OR over
-    the ranks, or None where no message was exchanged (one rank, MPITRAIN_CHECK=0)."""
+    the ranks, or None where no message was exchanged (one rank, MPITRAIN_CHECK=0).
+    ``payload`` (instead of ``flags``): a 1-D uint8 array of at most INLINE_BYTES carried in
+    the same message; returns every rank's, a (size, len(payload)) copy, or None likewise.
+    Put its layout in ``fields``, so that ranks sending different layouts raise."""
     agreement = world_of(process_set, who).agreement
-    payload = None if flags is None else np.array([flags], np.int64).view(np.uint8)
+    if flags is not None:
+        payload = np.array([flags], np.int64).view(np.uint8)
+    elif payload is not None:
+        payload = np.ascontiguousarray(payload, np.uint8).reshape(-1)
+        if payload.size > INLINE_BYTES:
+            raise ValueError(f"agree: a payload of {payload.size} bytes; at most "
+                             f"{INLINE_BYTES} ride in the agreement")
 
     def check():            # the payload rows are valid until the next check: read them now
         rows = agreement(kind, fields, error, payload)
         if rows is None:
             return None
+        if flags is None:
+            return np.array(rows)
         return int(np.bitwise_or.reduce(np.ascontiguousarray(rows).view(np.int64)[:, 0]))
     return run_ordered(check) if ordered else check()
 
@@ -88,7 +100,9 @@ def group_size(process_set, who="DistributedOptimizer"):
 def tree_allreduce_(array, add, scratch, process_set, who="DistributedOptimizer"):
     """Sum the contiguous 1-D host ``array`` in place over ``process_set`` in the fixed binary
     tree (comm/tree.py): the same additions in the same order for any power-of-two size."""
-    tree_allreduce(world_of(process_set, who).ring, array, add, scratch)
+    state = world_of(process_set, who)
+    with watched(state.record, "tree allreduce"):      # a rank that stops here is named
+        tree_allreduce(state.ring, array, add, scratch)
 
 
 def bucket_allreduce(process_set, layout, threshold_bytes, op, prescale, postscale, name,

@@ -83,7 +83,10 @@ def _serve(state, desc):
     """Run the collective ``desc`` describes with a neutral contribution; drop the result."""
     kind, fields, error = desc
     if kinds.check_only(desc):
-        try:      # the agreement is all there is (with an error, every rank raises it there)
+        # the agreement is all there is (with an error, every rank raises it there); its
+        # payload from this rank is zeros: no flags, no parameters' digest, no gradients
+        state.agreement.send_payload[:] = 0
+        try:
             state.agreement(kind, fields, error)
         except ValueError:
             pass

@@ -44,6 +44,11 @@ class PassCount:
         self.counted[slot] += 1
         return self.counted[slot] == self.passes_per_step
 
+    def complete(self):
+        """True when every counted pass of the step has been reported (``passes() == k``), so
+        the average may finish now."""
+        return not self.quiet_mode and self.passes() == self.passes_per_step
+
     def passes(self):
         """Counted passes since the last step: the most reports any gradient has had."""
         return max(self.counted, default=0)

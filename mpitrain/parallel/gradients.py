@@ -11,13 +11,15 @@ Its paths, chosen per step in one place (``average``):
 - compressed: a user's compressor (Horovod's protocol) compresses each gradient, the wire arrays
   are averaged (fused), then decompressed into ``.grad``;
 - one rank: nothing to average.
-After the average every rank agrees on its count of backward passes (one small exchange).
+After the average every rank agrees on its count of backward passes (one small exchange), which
+also carries the step's report (report.py): on the first step a digest of the parameters, and
+which parameters had a gradient (those no rank used get none back, as at N = 1).
 """
 import time
 
 import numpy as np
 
-from mpitrain.parallel import autotune
+from mpitrain.parallel import autotune, report
 from mpitrain import comm
 from mpitrain.timeline import current as current_timeline
 from mpitrain.parallel.strategy import Strategy
@@ -81,6 +83,7 @@ class GradientAveraging(Strategy):
     def __init__(self, opt):
         super().__init__(opt)
         self.wire = None  # fp16 buffers, allocated at the first synchronize
+        self.replicas_checked = False   # the first step compares the parameters' digests
         # MPITRAIN_AUTOTUNE=1: the first steps try thresholds and paths (autotune.py)
         self.autotuner = None
         ps = opt.process_set
@@ -112,7 +115,12 @@ class GradientAveraging(Strategy):
         """Average every ``.grad`` in place; then agree on the count of backward passes."""
         opt = self.opt
         error = self.passes.error()
+        used = report.used(opt.params)         # before the average zero-fills the missing ones
         several = opt.process_set.size() > 1   # the average of one: nothing to do
+        digest = None
+        if several and not self.replicas_checked:
+            digest = report.digest(opt.params)
+            self.replicas_checked = True
         if several:
             start = time.perf_counter()
             current_timeline().cycle()           # mt.start_timeline(path, mark_cycles=True)
@@ -123,9 +131,13 @@ class GradientAveraging(Strategy):
         self.passes.reset()
         if several:
             # behind whatever is in flight (another optimizer's buckets)
-            self.agree("DistributedOptimizer.step",
-                       {"backward_passes_per_step": opt.backward_passes_per_step}, error,
-                       ordered=True)
+            any_used = self.agree("DistributedOptimizer.step",
+                                  {"backward_passes_per_step": opt.backward_passes_per_step},
+                                  error, ordered=True, digest=digest, used=used)
+            if any_used is not None:        # no rank used these: no gradient, as at N = 1
+                for p, u in zip(opt.params, any_used):
+                    if not u:
+                        p.drop_grad()
         elif error is not None:
             opt.zero_grad()               # a wrong count summed the wrong gradients
             raise ValueError(error)

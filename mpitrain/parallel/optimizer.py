@@ -165,6 +165,16 @@ class DistributedOptimizer:
         self.strategy.synchronize()
         self.strategy.clip()
 
+    @property
+    def synchronized(self):
+        """True between an average (``synchronize()``) and the next step, pass or zero_grad."""
+        return self.strategy.synchronized
+
+    def passes_complete(self):
+        """True when this step's ``backward_passes_per_step`` counted passes have all reported
+        (the hook): the average may finish now (mpitrain.torch does, as backward ends)."""
+        return self.strategy.passes.complete()
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """``step()`` inside this block does not synchronize (you already did)."""

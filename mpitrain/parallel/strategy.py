@@ -12,6 +12,7 @@ inline payload, so every rank learns the OR of them with no MPI call of its own.
 """
 from mpitrain import comm
 from mpitrain.nn.clip import clip_grad_norm_
+from mpitrain.parallel import report
 from mpitrain.parallel.accumulation import PassCount
 
 
@@ -42,6 +43,8 @@ class Strategy:
 
     def hook(self, params):
         buckets = self.bucket_allreduce()
+        if self.synchronized and not self.passes.quiet_mode:
+            self.synchronized = False    # a pass after the average: step() averages again
         for p in params:
             slot = self.slot.get(id(p))
             if slot is not None and self.passes.report(slot) and buckets is not None:
@@ -85,15 +88,24 @@ class Strategy:
         """The one optimizer state a checkpoint holds (collective where ranks differ)."""
         return self.opt.optimizer.state_dict()
 
-    def agree(self, kind, fields, error, ordered=False):
-        """The step's agreement (comm.agree), carrying ``self.flags`` when there are some: sets
-        ``agreed_flags`` to their OR over the ranks, or leaves it None where nothing was
-        exchanged (one rank, MPITRAIN_CHECK=0). Where it raises (an ``error`` or a difference on
-        some rank), the step's gradients are dropped first (``zero_grad``): a wrong count summed
-        the wrong gradients."""
+    def agree(self, kind, fields, error, ordered=False, digest=None, used=None):
+        """The step's agreement (comm.agree), carrying the step's report (report.py):
+        ``self.flags`` when there are some (sets ``agreed_flags`` to their OR over the ranks,
+        or leaves it None where nothing was exchanged: one rank, MPITRAIN_CHECK=0), the
+        parameters' ``digest`` (CollectiveError on every rank where replicas differ) and which
+        parameters had a gradient (``used``; returns, per parameter, whether any rank had one,
+        or None). Where it raises (an ``error`` or a difference on some rank), the step's
+        gradients are dropped first (``zero_grad``): a wrong count summed the wrong
+        gradients."""
+        step_report = report.StepReport(self.flags, digest, used)
+        payload = step_report.payload()
         try:
-            self.agreed_flags = comm.agree(self.opt.process_set, kind, fields, error,
-                                           ordered=ordered, flags=self.flags)
+            rows = comm.agree(self.opt.process_set, kind, {**fields, **step_report.fields()},
+                              error, ordered=ordered, payload=payload)
+            if rows is None or payload is None:
+                return None
+            self.agreed_flags, any_used = step_report.read(rows, kind)
+            return any_used
         except (ValueError, comm.CollectiveError):
             self.opt.zero_grad()
             raise

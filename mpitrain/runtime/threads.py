@@ -33,6 +33,15 @@ GEMM). A GEMM split over sleeping workers wakes them; it is split the same way, 
 change. One rank, 2 threads, the GPT "baby" step, same-run rounds: 304 -> 211 ms median with the
 2 cores overloaded, 37.5 -> 36.6 ms at load ~1.3 (docs/benchmarks.md, "Two threads a rank").
 
+Whose number wins, first to last: an explicit count (``--threads``, ``init(threads=n)``,
+``MPITRAIN_THREADS``); a front end's pool the user sized before initialising (mpitrain.torch:
+``torch.set_num_threads`` called before ``hvd.init()``); an ``OMP_NUM_THREADS`` the user
+exported (not one ``configure`` exported itself); else cores / local ranks. Front ends with a
+thread pool of their own (``add_pool``: torch's intra-op pool) get the same number, whichever
+path initialised mpitrain -- ``hvd.init()``, or any call that initialises on its own -- because
+Numba's OpenMP layer, started here, resizes a pool that shares its OpenMP runtime (torch's went
+from 1 to 2 threads a rank with two ranks on two cores).
+
 ``mt.init()`` applies the same budget (``init(threads=...)``; ``MPITRAIN_THREADS``), so a user's own
 loop gets the CLI's fast default: measured at N=2 on 2 cores, a loop left with a BLAS pool per rank
 as wide as the machine ran ~320 ms/step against 22-28 ms with one thread per rank.
@@ -54,6 +63,10 @@ _BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_th
 # OpenBLAS: spin 2**BLAS_SPIN cycles after a GEMM before sleeping (see above; 4..30, default 28).
 BLAS_SPIN = 20
 _spin_exported = None       # the value configure exported (a user's own setting is left alone)
+_exported = None            # the OMP_NUM_THREADS value configure exported last
+_user_omp = None            # the OMP_NUM_THREADS value the user exported, as last seen
+_configured = None          # the budget configure applied last, or None
+_pools = []                 # front ends' pools: (requested, resize), see add_pool
 env.declare("MPITRAIN_THREADS")
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE")
@@ -89,20 +102,62 @@ def from_env(environ=None, default=0):
     return env.integer("MPITRAIN_THREADS", default, minimum=0, environ=environ)
 
 
+def user_omp_threads():
+    """``OMP_NUM_THREADS`` as the user exported it (a positive integer), else 0. A value that
+    ``configure`` exported itself does not count, unless the user had exported it first."""
+    global _user_omp
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value != _exported:
+        _user_omp = value
+    if value is None or value != _user_omp:
+        return 0
+    try:
+        return max(0, int(value))
+    except ValueError:
+        return 0
+
+
+def resolve(threads=0, local_size=None):
+    """The budget ``configure(threads, local_size)`` applies: ``threads`` when >= 1, else a
+    pool's size its user set, else the user's OMP_NUM_THREADS, else the default."""
+    if threads:
+        return int(threads)
+    for requested, _ in _pools:
+        n = requested()
+        if n:
+            return n
+    return user_omp_threads() or default_threads(local_size)
+
+
+def add_pool(requested, resize):
+    """A front end's thread pool follows the budget: ``requested()`` -> the size its user set
+    since the pool was added (0: none), ``resize(n)`` applies the budget; at once, when a
+    budget is already in force."""
+    _pools.append((requested, resize))
+    if _configured is not None:
+        resize(_configured)
+
+
 def configure(threads=0, local_size=None):
-    """Give this rank's BLAS ``threads`` threads (0: the default), Numba one, and the CPU
-    convolution's gathered path as many (it runs while BLAS is idle); returns the number."""
+    """Give this rank's BLAS ``threads`` threads (0: resolve's choice), Numba one, the CPU
+    convolution's gathered path as many (it runs while BLAS is idle) and every added pool as
+    many; returns the number."""
     import numba
 
     from mpitrain.kernels.cpu import conv as cpu_conv
 
-    n = int(threads) if threads else default_threads(local_size)
+    global _exported, _configured
+    n = resolve(threads, local_size)
+    _exported = str(n)
     for key in _ENV_VARS:
-        os.environ[key] = str(n)
+        os.environ[key] = _exported
     numba.set_num_threads(1)
     _shorten_blas_spin()
     _set_blas_threads(n)
     cpu_conv.THREADS = n
+    _configured = n
+    for _, resize in _pools:
+        resize(n)
     return n
 
 

@@ -23,7 +23,9 @@ class TorchParameter:
 
     A parameter that got no gradient this step (unused by this rank's forward) reads as zeros:
     the first read of its ``.grad`` gives it a zero gradient, so every rank sends the same
-    buckets and none waits for a gradient that never comes (Horovod does the same).
+    buckets and none waits for a gradient that never comes (Horovod does the same). It tells
+    the step so (``has_grad``), and where no rank had a gradient for it the step gives it none
+    back (``drop_grad``; parallel/report.py), as at N = 1 and under DDP.
     sparse_as_dense: a sparse gradient (``nn.Embedding(sparse=True)``) is made dense first;
     without it a sparse gradient is a ValueError.
     """
@@ -59,6 +61,13 @@ class TorchParameter:
                                  f"it as a dense one")
             grad = tensor.grad = grad.to_dense()
         return array_of(grad.detach())
+
+    @property
+    def has_grad(self):
+        return self.tensor.grad is not None
+
+    def drop_grad(self):
+        self.tensor.grad = None
 
     @property
     def shape(self):

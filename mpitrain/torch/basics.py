@@ -1,9 +1,13 @@
 """init and the questions about the job (rank, size, what was built), horovod.torch's names.
 
-``init`` is mpitrain's ``mt.init`` plus PyTorch's thread pool: each rank's intra-op threads get
-the same budget as BLAS (cores / ranks on this node; ``init(threads=n)`` or MPITRAIN_THREADS
-overrides it, ``threads=None`` leaves both pools alone). N ranks each running a torch pool as
-wide as the machine oversubscribe the cores, the CPU scaling trap of data-parallel training.
+Importing mpitrain.torch adds PyTorch's intra-op pool to the rank's thread budget
+(runtime/threads.py), so torch gets the same number as BLAS -- cores / ranks on this node,
+``init(threads=n)`` or MPITRAIN_THREADS, a ``torch.set_num_threads`` called before
+initialising, or an exported OMP_NUM_THREADS -- however mpitrain was initialised: by
+``hvd.init()`` or by the first call that needs it (every entry point initialises on its own,
+the same way; ``init`` is still the place for ``comm``, process sets and ``threads``). N ranks
+each running a torch pool as wide as the machine oversubscribe the cores, the CPU scaling trap
+of data-parallel training (15-30x slower steps).
 """
 import torch
 
@@ -12,18 +16,39 @@ from mpitrain import comm as mtcomm
 from mpitrain.runtime import threads as thread_budget
 
 
+class TorchPool:
+    """torch's intra-op pool as the thread budget sees it: the size a user set since the
+    last resize (``torch.set_num_threads`` before ``init``), and the resize itself."""
+
+    def __init__(self):
+        self.size = torch.get_num_threads()
+
+    def requested(self):
+        n = torch.get_num_threads()
+        return n if n != self.size else 0
+
+    def resize(self, n):
+        torch.set_num_threads(n)
+        self.size = torch.get_num_threads()
+
+
+_pool = TorchPool()
+thread_budget.add_pool(_pool.requested, _pool.resize)
+
+
 def init(comm=None, process_sets=None, threads=0, **kwargs):
     """Initialise on ``comm`` (an mpi4py communicator; default COMM_WORLD); idempotent.
 
     process_sets: ProcessSets or rank lists to add now (Horovod's ``init(process_sets=...)``).
-    threads: this rank's thread budget for BLAS and torch (0: MPITRAIN_THREADS, else cores /
-    local ranks; None: leave the pools as they are). Other keywords go to ``mt.init``.
+    threads: this rank's thread budget for BLAS and torch (0: MPITRAIN_THREADS, else a
+    ``torch.set_num_threads`` called before, else OMP_NUM_THREADS, else cores / local ranks;
+    None: leave the pools as they are), applied again when mpitrain is already initialised.
+    Other keywords go to ``mt.init``.
     """
+    first = not mtcomm.is_initialized()
     mtcomm.init(comm, threads=threads, **kwargs)
-    if threads is not None:
-        budget = threads or thread_budget.from_env() or thread_budget.default_threads(
-            mtcomm.local_size())
-        torch.set_num_threads(budget)
+    if threads is not None and not first:
+        thread_budget.configure(threads or thread_budget.from_env(), mtcomm.local_size())
     for process_set in process_sets or ():
         mtcomm.add_process_set(process_set)
 

@@ -8,19 +8,29 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
 - each parameter's gradient goes to the gradient buckets as soon as autograd has accumulated
   it (``register_post_accumulate_grad_hook``), so its allreduce runs on the comm thread while
   backward computes the earlier layers;
-- ``step()`` waits for the buckets, the averages land in ``p.grad``, then the torch optimizer's
-  own ``step`` runs; ``synchronize()`` and ``skip_synchronize()`` split the two (clip, unscale);
+- when the backward pass that completes the step ends (a callback queued on autograd's engine,
+  as DDP does), the buckets are waited for and the averages land in ``p.grad``: as under DDP,
+  ``p.grad`` holds the average when ``backward()`` returns, so clipping, unscaling
+  (``GradScaler``) or scaling by hand between backward and ``step()`` act on the averaged
+  gradients. (In Horovod the average lands at ``step()`` and overwrites such an edit.) Then
+  ``step()`` runs the torch optimizer's own step; Horovod's ``synchronize()`` /
+  ``skip_synchronize()`` idiom still works (``synchronize()`` after backward has nothing
+  left to do);
 - ``backward_passes_per_step=k``: the k backward passes sum into ``p.grad`` and the k-th starts
   the average; ``step()`` after another count is a ValueError on every rank (never an error
   inside backward) and drops the gradients;
-- a parameter without a gradient this step (unused by this rank's forward) is sent as zeros at
-  ``step()``, so no rank waits for it;
+- a parameter without a gradient this step (unused by this rank's forward) is sent as zeros,
+  so no rank waits for it; one that no rank used gets its ``.grad`` back to None (as at N = 1
+  and under DDP: the optimizer leaves it alone);
+- the first average compares a digest of every rank's parameters and raises on every rank
+  where they differ (``broadcast_parameters`` forgotten);
 - join (``hvd.join()``), process sets, ``Compression.fp16`` (cast in the buckets) and the stall
   watchdog are mpitrain's.
 """
 import contextlib
 
 import torch
+from torch.autograd import Variable
 
 from mpitrain import comm
 from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributedOptimizer
@@ -84,21 +94,39 @@ class DistributedMixin:
         self.backward_passes_per_step = backward_passes_per_step
         self.process_set = process_set
         self.on_device = any(p.is_cuda for p in params)
-        report = self.mt_optimizer.backward_hook
+        self.end_queued = False      # the end-of-backward average is queued for this pass
         self.mt_hooks = []
         for p, a in zip(params, adapters):
             previous = getattr(p, HOOK_ATTRIBUTE, None)
             if previous is not None:
                 previous.remove()
             handle = p.register_post_accumulate_grad_hook(
-                lambda tensor, adapter=a: report((adapter,)))
+                lambda tensor, adapter=a: self.gradient_ready(adapter))
             setattr(p, HOOK_ATTRIBUTE, handle)
             self.mt_hooks.append(handle)
+
+    # -- the hooks ---------------------------------------------------------------------------
+    def gradient_ready(self, adapter):
+        """A parameter's ``.grad`` is accumulated: hand it to the buckets; in the pass that
+        completes the step, queue the average for the end of backward (once per pass)."""
+        self.mt_optimizer.backward_hook((adapter,))
+        if not self.end_queued and self.mt_optimizer.passes_complete():
+            self.end_queued = True
+            Variable._execution_engine.queue_callback(self.backward_done)
+
+    def backward_done(self):
+        """Autograd's engine, as the backward pass ends: average now (DDP's moment)."""
+        self.end_queued = False
+        if self.mt_optimizer.passes_complete():
+            self.synchronize()
 
     # -- Horovod's surface -------------------------------------------------------------------
     def synchronize(self):
         """Average every gradient across ranks now (waits for the buckets backward started),
-        in place in ``p.grad``; then check the count of backward passes on every rank."""
+        in place in ``p.grad``; then check the count of backward passes on every rank. Nothing
+        to do when the end of backward did it already."""
+        if self.mt_optimizer.synchronized:
+            return
         self.device_barrier()
         self.mt_optimizer.synchronize()
         self.device_barrier()

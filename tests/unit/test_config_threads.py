@@ -72,16 +72,18 @@ def test_configure_then_compile_in_a_fresh_process():
 
 def test_init_applies_the_budget_to_a_users_own_loop():
     """mt.init() gives BLAS the CLI's budget (a user's loop was 4-15x slower without it), with
-    MPITRAIN_THREADS and init(threads=n) to override and init(threads=None) to opt out."""
+    MPITRAIN_THREADS and init(threads=n) to override, a user's exported OMP_NUM_THREADS
+    honoured, and init(threads=None) to opt out."""
     code = ("import os, mpitrain as mt\n"
             "from mpitrain.runtime import threads as t\n"
-            "def show(**kw):\n"
-            "    os.environ['OMP_NUM_THREADS'] = '7'\n"
+            "def show(omp=None, **kw):\n"
+            "    os.environ.pop('OMP_NUM_THREADS', None)\n"
+            "    os.environ.update({} if omp is None else {'OMP_NUM_THREADS': omp})\n"
             "    mt.init(**kw)\n"
             "    print(os.environ['OMP_NUM_THREADS'], t.blas_threads())\n"
             "    mt.shutdown()\n"
-            "show(); show(threads=None); show(threads=3)\n"
-            "os.environ['MPITRAIN_THREADS'] = '1'; show()\n"
+            "show(); show('7', threads=None); show(threads=3); show('2')\n"
+            "os.environ['MPITRAIN_THREADS'] = '1'; show('2')\n"
             "for bad in ({'threads': -1}, {'threads': 1.5}):\n"
             "    try:\n"
             "        mt.init(**bad)\n"
@@ -99,13 +101,13 @@ def test_init_applies_the_budget_to_a_users_own_loop():
     lines = out.stdout.splitlines()
     n = threads.cores()                         # one rank on this machine: every core
     has_blas = lines[0].split()[1] != "None"
-    for line, want_env, want_blas in zip(lines, [n, 7, 3, 1], [n, None, 3, 1]):
+    for line, want_env, want_blas in zip(lines, [n, 7, 3, 2, 1], [n, None, 3, 2, 1]):
         env_value, blas = line.split()
         assert int(env_value) == want_env, line
         if has_blas and want_blas is not None:
             assert int(blas) == want_blas, line
-    assert "init(threads=-1)" in lines[4] and "init(threads=1.5)" in lines[5]
-    assert lines[6].startswith("error MPITRAIN_THREADS='many'")
+    assert "init(threads=-1)" in lines[5] and "init(threads=1.5)" in lines[6]
+    assert lines[7].startswith("error MPITRAIN_THREADS='many'")
 
 
 def _spin_after_configure(extra_env):
