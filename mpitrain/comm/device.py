@@ -54,6 +54,7 @@ from mpitrain.comm.gpu import bind_thread, select_device
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import DTYPES, MPI_OPS, Average, on_device, reduce_kind
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
+from mpitrain.comm.watchdog import watched
 
 __all__ = ["TRANSPORTS", "select_device", "cuda_aware_mpi", "transport", "allreduce",
            "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "broadcast",
@@ -295,33 +296,34 @@ def _nccl_comm(state):
 
 def _allreduce_flat(state, fam, flat, op, pre, post):
     """Allreduce the contiguous 1-D device array ``flat`` in place (scaling included)."""
-    k = fam.kernels
-    size = state.comm.Get_size()
-    how = transport(state) if size > 1 and flat.size else "none"
-    dtype = np.dtype(flat.dtype).name
-    if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and dtype == "float16":
-        how = "host"
-    if how == "host":
-        host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned
-        fam.to_host(flat, host)
-        host_allreduce_flat(state, host, op, pre, post)
-        fam.to_dev(host, flat)
+    with watched(state.record, "allreduce data"):     # the transport's choice too
+        k = fam.kernels
+        size = state.comm.Get_size()
+        how = transport(state) if size > 1 and flat.size else "none"
+        dtype = np.dtype(flat.dtype).name
+        if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and dtype == "float16":
+            how = "host"
+        if how == "host":
+            host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned
+            fam.to_host(flat, host)
+            host_allreduce_flat(state, host, op, pre, post)
+            fam.to_dev(host, flat)
+            return flat
+        if pre != 1.0:
+            k.scale(flat, pre)
+        kind = reduce_kind(op)
+        if how == "nccl":
+            from cupy.cuda import nccl
+            ptr = flat.__cuda_array_interface__["data"][0]
+            _nccl_comm(state).allReduce(ptr, ptr, flat.size, getattr(nccl, _NCCL_TYPES[dtype]),
+                                   getattr(nccl, _NCCL_OPS[kind]), fam.stream_ptr())
+        elif how == "mpi":
+            k.synchronize()                                          # MPI reads device memory now
+            state.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
+        factor = post / size if op is Average else post
+        if factor != 1.0:
+            k.scale(flat, factor)
         return flat
-    if pre != 1.0:
-        k.scale(flat, pre)
-    kind = reduce_kind(op)
-    if how == "nccl":
-        from cupy.cuda import nccl
-        ptr = flat.__cuda_array_interface__["data"][0]
-        _nccl_comm(state).allReduce(ptr, ptr, flat.size, getattr(nccl, _NCCL_TYPES[dtype]),
-                               getattr(nccl, _NCCL_OPS[kind]), fam.stream_ptr())
-    elif how == "mpi":
-        k.synchronize()                                          # MPI reads device memory now
-        state.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[kind])
-    factor = post / size if op is Average else post
-    if factor != 1.0:
-        k.scale(flat, factor)
-    return flat
 
 
 def _check(x, kind):

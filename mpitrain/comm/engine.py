@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm.hierarchical import hierarchical_allreduce
+from mpitrain.comm.watchdog import watched
 from mpitrain.comm.ops import MPI_OPS, Average, ReduceOp, reduce_kind
 from mpitrain.comm.ring import ring_allreduce
 from mpitrain.kernels import cpu
@@ -34,16 +35,17 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
         algo = settings.algorithm                    # the path rule (docs/architecture.md)
         use_ring = (flat.dtype.char == "e" or algo == "ring"                       # float16
                     or (algo == "auto" and flat.nbytes >= settings.ring_threshold(size)))
-        if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
-            hierarchical_allreduce(*state.node_comms, flat, _MPI_OP[op], factor, scale,
-                                   _ring_args(state, flat, op) if use_ring else None)
-            return flat
-        if use_ring:
-            # each rank scales the chunk it completes, before the allgather: same bits
-            finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
-            ring_allreduce(comm, flat, *_ring_args(state, flat, op), finish)
-            return flat
-        comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OP[op])
+        with watched(state.record, "allreduce data"):    # a rank that stops here is named
+            if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
+                hierarchical_allreduce(*state.node_comms, flat, _MPI_OP[op], factor, scale,
+                                       _ring_args(state, flat, op) if use_ring else None)
+                return flat
+            if use_ring:
+                # each rank scales the chunk it completes, before the allgather: same bits
+                finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
+                ring_allreduce(comm, flat, *_ring_args(state, flat, op), finish)
+                return flat
+            comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OP[op])
     if factor != 1.0:
         scale(flat, factor)
     return flat

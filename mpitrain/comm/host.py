@@ -33,6 +33,7 @@ from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
                                integer_average, integer_average_error, reduce_args, reduce_kind)
 from mpitrain.comm.ring import chunk_bounds
+from mpitrain.comm.watchdog import watched
 
 
 # --- allreduce ------------------------------------------------------------------------------------
@@ -276,10 +277,11 @@ def allgather(state, x, name=None):
     state.agreement(Kind.ALLGATHER, fields, err)
     rows = np.array([a.shape[0]], np.int64)
     counts = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather(rows, counts)
-    out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
-    comm.Allgatherv([_bytes(a), MPI.BYTE],
-                    [out.reshape(-1).view(np.uint8), _blocks(a, counts), MPI.BYTE])
+    with watched(state.record, "allgather data", name):
+        comm.Allgather(rows, counts)
+        out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
+        comm.Allgatherv([_bytes(a), MPI.BYTE],
+                        [out.reshape(-1).view(np.uint8), _blocks(a, counts), MPI.BYTE])
     return out
 
 
@@ -302,7 +304,8 @@ def _broadcast_checked(state, kind, a, root_rank, name, err):
               "dtype": None if a is None else a.dtype.str}
     state.agreement(Kind.BROADCAST, fields, err or err2)
     buf = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-    state.comm.Bcast([buf.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    with watched(state.record, "broadcast data", name):
+        state.comm.Bcast([buf.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
     if buf is not a:
         a[...] = buf
     return a
@@ -331,7 +334,9 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
         scale(send.reshape(-1), pre)
     out = np.empty((hi - lo,) + a.shape[1:], a.dtype)
     counts = [(end - start) * row_elems for start, end in zip(bounds, bounds[1:])]
-    comm.Reduce_scatter(send.reshape(-1), out.reshape(-1), counts, op=MPI_OPS[reduce_kind(op)])
+    with watched(state.record, "reducescatter data", name):
+        comm.Reduce_scatter(send.reshape(-1), out.reshape(-1), counts,
+                            op=MPI_OPS[reduce_kind(op)])
     factor = post / size if op is Average else post
     if factor != 1.0:
         scale(out.reshape(-1), factor)
@@ -347,10 +352,11 @@ def alltoall(state, x, splits=None, name=None):
               "dtype": None if a is None else a.dtype.str, "splits given": splits is not None}
     state.agreement(Kind.ALLTOALL, fields, err or err2)
     recv_splits = np.empty(size, np.int64)
-    comm.Alltoall(send_splits, recv_splits)
-    out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
-    comm.Alltoallv([_bytes(a), _blocks(a, send_splits), MPI.BYTE],
-                   [out.reshape(-1).view(np.uint8), _blocks(a, recv_splits), MPI.BYTE])
+    with watched(state.record, "alltoall data", name):
+        comm.Alltoall(send_splits, recv_splits)
+        out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
+        comm.Alltoallv([_bytes(a), _blocks(a, send_splits), MPI.BYTE],
+                       [out.reshape(-1).view(np.uint8), _blocks(a, recv_splits), MPI.BYTE])
     return out if splits is None else (out, recv_splits)
 
 
@@ -372,7 +378,8 @@ def _as_splits(splits, rows, size):
 
 def barrier(state):
     state.agreement(Kind.BARRIER, {})
-    state.comm.Barrier()
+    with watched(state.record, "barrier data"):
+        state.comm.Barrier()
 
 
 def broadcast_object(state, obj, root_rank=0):
@@ -385,7 +392,8 @@ def broadcast_object(state, obj, root_rank=0):
     root, err = as_root(root_rank, Kind.BROADCAST_OBJECT, state.members)
     state.agreement(Kind.BROADCAST_OBJECT, {"root_rank": root}, err)
     msg = _pickled(obj, Kind.BROADCAST_OBJECT) if comm.Get_rank() == root else None
-    payload, error = comm.bcast(msg, root=root)
+    with watched(state.record, "broadcast_object data"):
+        payload, error = comm.bcast(msg, root=root)
     if error is not None:
         raise ValueError(f"{error} (on root rank {root})")
     return pickle.loads(payload)
@@ -394,7 +402,9 @@ def broadcast_object(state, obj, root_rank=0):
 def allgather_object(state, obj):
     """List of every rank's (picklable) ``obj``, in rank order; a pickling error raises on all."""
     state.agreement(Kind.ALLGATHER_OBJECT, {})
-    gathered = state.comm.allgather(_pickled(obj, Kind.ALLGATHER_OBJECT))
+    mine = _pickled(obj, Kind.ALLGATHER_OBJECT)     # this rank's work: not a wait for others
+    with watched(state.record, "allgather_object data"):
+        gathered = state.comm.allgather(mine)
     errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
     if errors:
         raise ValueError("; ".join(errors))

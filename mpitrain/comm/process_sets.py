@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from mpitrain.comm import handles, world
 from mpitrain.comm.kinds import Kind
+from mpitrain.comm.watchdog import watched
 from mpitrain.comm.world import World
 
 
@@ -126,10 +127,11 @@ def _add(process_set):
     set_id = owner.next_set_id
     owner.next_set_id += 1
     member = owner.rank in ranks
-    comm = owner.comm.Split(0 if member else MPI.UNDEFINED, owner.rank)
+    with watched(owner.record, "add_process_set data"):
+        comm = owner.comm.Split(0 if member else MPI.UNDEFINED, owner.rank)
+        if member:
+            ps._world = World(comm, owner.settings, set_id, ranks)
     ps._ranks = ranks
-    if member:
-        ps._world = World(comm, owner.settings, set_id, ranks)
     ps._owner = owner
     ps.process_set_id = set_id
     owner.sets[set_id] = ps

@@ -65,9 +65,25 @@ grants it). Below that the thread still detects the stall on its own rank and pr
 (and aborts after S seconds), but asks no one: "missing ranks unknown". The thread only makes
 non-blocking calls (Improbe, Irecv, Isend, Test), stops at ``world.shutdown()`` or at exit
 (before mpi4py's MPI_Finalize), and frees its requests and the duplicate communicator.
-Limit: only agreements and overlap's bucket allreduces are watched; a rank that stalls in a
-collective's data phase (after every rank has agreed) is reported by the others only once they
-wait in a later agreement.
+
+Every blocking MPI call of a collective is watched, not only the agreement: the data phase
+after it (``watched(record, kind)``: the ring, MPI's own collectives, the fixed tree, the
+object collectives' pickles) is marked the same way, as a numbered entry of its own, so a rank
+that stops between the agreement and the data (a SIGSTOP, a pickle that never returns) is
+named too. A mark inside a mark is none (a bucket's allreduce is the bucket): every member
+numbers the same entries. Before the thread exists, ``mt.init``'s own collectives (the
+settings' allgather, the communicators' Dup and Split) run under ``startup(...)``: a timer on
+this rank alone, which prints the line after the warning time and aborts after the shutdown
+time -- a rank that never starts, or stops before it reaches ``mt.init``, ends the job too.
+
+A rank that leaves -- ``mt.shutdown()`` or the end of its script -- tells the others first
+(``depart()``: one small message, tag DEPART_TAG, with its count of each set's entries). A rank
+waiting in entry #k of a set whose member left after fewer than k entries knows that member
+will never arrive, and ends the job at once instead of after S seconds (the lowest waiting rank
+prints the line; the others follow after a grace)::
+
+    mpitrain: stalled for 1 s in allreduce 'x' (collective #3) on ranks [0]; missing ranks [1]
+    (rank 1: left the job after #2); aborting the job: a rank that left never joins
 """
 import atexit
 import json
@@ -82,13 +98,17 @@ from mpitrain.comm.abort import abort as abort_job
 
 QUERY_TAG = 0x5741
 REPLY_TAG = 0x5742
+DEPART_TAG = 0x5743
 ANSWER_TIMEOUT_S = 2.0
+LEFT_GRACE_S = 5.0        # a waiting rank other than the lowest aborts this long after it
 _NAME_CHARS = 80          # names are cut to this in answers: messages stay small (eager)
 
 _monotonic = time.monotonic
 _records = {}             # process set id -> Record of this process (0: the global set)
 _round = 0                # query ids, never reset: a late answer never matches a newer query
 _watchdog = None
+_generation = 0           # watchdogs started by this process: a departure names its own
+_sent = []                # departure messages sent (their buffers must outlive the sends)
 _lock = threading.Lock()
 
 Stall = namedtuple("Stall", "rank seq kind name waited_s present missing details line")
@@ -165,6 +185,30 @@ def _what(desc):
     return str(desc[0]), fields.get("name") if isinstance(fields, dict) else None
 
 
+class watched:
+    """``with watched(record, kind, name):`` the blocking MPI calls of a collective's data phase,
+    marked in flight on ``record`` as an entry of their own (like an agreement), so a rank that
+    never sends its part is named and the stall shutdown ends the job. Inside another mark
+    (an overlap bucket, the data phase of a reducescatter) it marks nothing: the outer mark is
+    the collective running, and every rank counts the same entries."""
+
+    __slots__ = ("record", "desc", "outer")
+
+    def __init__(self, record, kind, name=None):
+        self.record = record
+        self.desc = (kind, None if name is None else {"name": name}, None)
+
+    def __enter__(self):
+        self.outer = self.record.current is not None
+        if not self.outer:
+            self.record.enter(self.desc)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.outer:
+            self.record.leave()
+
+
 # --- start / stop -----------------------------------------------------------------------------
 
 def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=ANSWER_TIMEOUT_S,
@@ -181,8 +225,9 @@ def start(comm, warning_s=60.0, shutdown_s=0.0, report=None, answer_timeout_s=AN
     MPI.COMM_WORLD.Abort(1)). The communicator is duplicated whenever it has more than one rank,
     even with the watchdog off, so ranks whose settings differ still make the same MPI calls.
     """
-    global _watchdog
+    global _watchdog, _generation
     stop()
+    _generation += 1
     if comm.Get_size() == 1:
         return
     dup = comm.Dup()
@@ -207,7 +252,78 @@ def running():
     return w is not None and w.thread is not None and w.thread.is_alive()
 
 
-atexit.register(stop)     # before mpi4py's MPI_Finalize, while threads may still call MPI
+def depart():
+    """Tell the other ranks that this one leaves (``mt.shutdown``, the end of the script), with
+    its count of each set's entries: a rank waiting in a later entry then ends the job at once.
+    Small (eager): the sends are waited for at most a second. No-op without a watchdog."""
+    w = _watchdog
+    if w is None or MPI.Is_finalized():
+        return
+    seqs = {str(set_id): rec.seq for set_id, rec in list(_records.items())}
+    msg = json.dumps({"gen": _generation, "seqs": seqs}).encode()
+    _sent.append(msg)             # the buffer outlives any send still in flight
+    requests = [w.comm.Isend([msg, MPI.BYTE], r, DEPART_TAG) for r in range(w.size)
+                if r != w.rank]
+    deadline = _monotonic() + 1.0
+    while not MPI.Request.Testall(requests) and _monotonic() < deadline:
+        time.sleep(0.001)
+    for req in requests:
+        if req != MPI.REQUEST_NULL:
+            req.Free()            # an active send may be freed: it completes on its own
+
+
+def _at_exit():
+    depart()
+    stop()
+
+
+atexit.register(_at_exit)  # before mpi4py's MPI_Finalize, while threads may still call MPI
+
+
+class startup:
+    """``with startup(what, warning_s, shutdown_s):`` collectives made before the watchdog
+    thread exists (``mt.init``'s). A timer on this rank alone: after ``warning_s`` it prints
+    that this rank waits, after ``shutdown_s`` it prints the line and aborts the job (0: off /
+    never). Nobody can be asked yet, so the line names no missing rank."""
+
+    def __init__(self, what, warning_s, shutdown_s, rank=0):
+        self.what, self.rank = what, rank
+        self.warning_s, self.shutdown_s = float(warning_s), float(shutdown_s)
+        self.done = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        if self.warning_s > 0 or self.shutdown_s > 0:
+            self.thread = threading.Thread(target=self._run, name="mpitrain-startup",
+                                           daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(5)
+
+    def line(self, waited):
+        return (f"mpitrain: stalled for {waited:.0f} s in {self.what} on rank {self.rank}; "
+                f"missing ranks unknown (some rank has not started, or stopped before it)")
+
+    def _run(self):
+        began = _monotonic()
+        warn_at = self.warning_s if self.warning_s > 0 else None
+        end_at = self.shutdown_s if self.shutdown_s > 0 else None
+        while True:
+            due = [t for t in (warn_at, end_at) if t is not None]
+            if not due or self.done.wait(max(0.0, min(due) - (_monotonic() - began))):
+                return
+            waited = _monotonic() - began
+            if end_at is not None and waited >= end_at:
+                abort_job(f"{self.line(waited)}; aborting the job (MPITRAIN_STALL_SHUTDOWN)")
+                return
+            if warn_at is not None and waited >= warn_at:
+                sys.stderr.write(self.line(waited) + "\n")
+                sys.stderr.flush()
+                warn_at += self.warning_s
 
 
 # --- the thread -------------------------------------------------------------------------------
@@ -230,6 +346,8 @@ class _Watchdog:
         self.seen = {}                # Record -> (seq, time this thread first saw it in flight)
         self.halt = threading.Event()
         self.thread = None
+        self.departed = {}            # rank -> {set id: entries it had made} once it has left
+        self.left_seen = {}           # Record -> when a departure first made it fatal here
 
     def start(self):
         if self.warning_s > 0:
@@ -256,6 +374,7 @@ class _Watchdog:
                     return
                 if self.ask:
                     self._answer()
+                    self._note_departures()
                     self._reap()
                 self._check()
         except Exception as exc:  # noqa: BLE001 - a monitor must never take the job down
@@ -281,9 +400,25 @@ class _Watchdog:
         for rec in records:
             self._check_record(rec)
 
+    def _note_departures(self):
+        for src, msg in self._receive(DEPART_TAG):
+            if msg.get("gen") == _generation and isinstance(msg.get("seqs"), dict):
+                self.departed[src] = {int(k): int(v) for k, v in msg["seqs"].items()}
+
+    def _left(self, rec, seq):
+        """rank -> entries made, of the members of ``rec``'s set that left before entry #seq."""
+        members = rec.ranks or range(self.size)
+        return {r: self.departed[r].get(rec.set_id, 0) for r in members
+                if r in self.departed and self.departed[r].get(rec.set_id, 0) < seq}
+
     def _check_record(self, rec):
         seq, desc, waited = self._observe(rec)
         if desc is None:
+            self.left_seen.pop(rec, None)
+            return
+        left = self._left(rec, seq) if self.departed else {}
+        if left:
+            self._end_for_departure(rec, seq, desc, left)
             return
         fatal = 0 < self.shutdown_s <= waited
         if not fatal:
@@ -304,14 +439,31 @@ class _Watchdog:
         else:
             self.report(stall)
 
-    def _query(self, rec):
-        """Ask the other ranks of ``rec``'s set where they are in it; rank -> answer dict
-        (missing: no answer)."""
+    def _end_for_departure(self, rec, seq, desc, left):
+        """Entry #seq waits for members that have left: end the job, the lowest waiting rank at
+        once and with the line, the others after LEFT_GRACE_S (if the job is still there)."""
+        noticed = self.left_seen.setdefault(rec, (seq, _monotonic()))
+        if noticed[0] != seq:
+            noticed = self.left_seen[rec] = (seq, _monotonic())
+        answers = self._query(rec, skip=left) if self.ask else {}
+        now_seq, now_desc, waited = self._observe(rec)
+        if now_seq != seq or now_desc is None:        # it finished while we asked
+            return
+        answers.update({r: {"left": True, "seq": s} for r, s in left.items()})
+        stall = make_stall(self.rank, self.size, seq, desc, waited, answers,
+                           members=rec.ranks or None, set_id=rec.set_id)
+        lowest = stall.present is None or stall.rank == stall.present[0]
+        if lowest or _monotonic() - noticed[1] >= LEFT_GRACE_S:
+            abort_job(f"{stall.line}; aborting the job: a rank that left never joins")
+
+    def _query(self, rec, skip=()):
+        """Ask the other ranks of ``rec``'s set (but those in ``skip``) where they are in it;
+        rank -> answer dict (missing: no answer)."""
         global _round
         _round += 1
         qid = _round
         query = json.dumps({"q": qid, "set": rec.set_id}).encode()
-        members = rec.ranks or range(self.size)
+        members = [r for r in (rec.ranks or range(self.size)) if r not in skip]
         for r in members:
             if r != self.rank:
                 self._send(query, r, QUERY_TAG)
@@ -387,7 +539,7 @@ class _Watchdog:
         for req, _ in self.requests:
             req.Free()            # an active request may be freed: it completes on its own
         self.requests = []
-        for tag in (QUERY_TAG, REPLY_TAG):
+        for tag in (QUERY_TAG, REPLY_TAG, DEPART_TAG):
             self._receive(tag)
         self._reap()
 
@@ -424,6 +576,9 @@ def describe(answer):
     """One rank's answer as words."""
     if answer is None:
         return "no answer"
+    if answer.get("left"):
+        seq = answer.get("seq", 0)
+        return f"left the job after #{seq}" if seq else "left the job before its first collective"
     if not answer.get("in"):
         seq = answer.get("seq", 0)
         return f"not in a collective, last #{seq}" if seq else "not in a collective yet"

@@ -135,14 +135,20 @@ def init(comm=None, threads=0, settings=None, abort_on_exception=True):
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ValueError(f"init(comm=...) needs an mpi4py communicator, got {comm!r}")
-        state = World(comm, _agreed_settings(comm, settings))
-        try:
-            if threads is not None:
-                thread_budget.configure(threads or thread_budget.from_env(), state.local_size)
-            watchdog.start(comm, state.settings.stall_warning_s, state.settings.stall_shutdown_s)
-        except Exception:
-            state.free()
-            raise
+        # a rank that never gets here (not started, stopped) must not hang the others in
+        # these collectives: a timer of this rank's own stall settings watches them
+        limits = _startup_limits(settings) if comm.Get_size() > 1 else (0, 0)
+        with watchdog.startup("mt.init", *limits, rank=comm.Get_rank()):
+            state = World(comm, _agreed_settings(comm, settings))
+            try:
+                if threads is not None:
+                    thread_budget.configure(threads or thread_budget.from_env(),
+                                            state.local_size)
+                watchdog.start(comm, state.settings.stall_warning_s,
+                               state.settings.stall_shutdown_s)
+            except Exception:
+                state.free()
+                raise
         _state = state
     if abort_on_exception:
         abort.install_abort_hook()
@@ -150,6 +156,16 @@ def init(comm=None, threads=0, settings=None, abort_on_exception=True):
         _warned = True
         for line in env.unknown():
             print(line, file=sys.stderr, flush=True)
+
+
+def _startup_limits(settings):
+    """(warning, shutdown) seconds of this rank's stall settings, before they are agreed: a bad
+    value is the agreement's to report, the defaults watch meanwhile."""
+    try:
+        mine = CommSettings.from_env() if settings is None else settings
+    except ValueError:
+        mine = CommSettings()
+    return mine.stall_warning_s, mine.stall_shutdown_s
 
 
 def _agreed_settings(comm, settings):
@@ -177,6 +193,7 @@ def shutdown():
     with _lock:
         if _state is not None:
             handles.drain()
+            watchdog.depart()            # a rank still waiting for this one ends the job
             for process_set in list(_state.sets.values()):
                 process_set.drop()
             _state.sets.clear()

@@ -65,8 +65,9 @@ def test_agree_records_and_clears_the_collective():
     watchdog.record().leave()
     watchdog.record().seq -= 1          # not a real agreement: keep numbers aligned across ranks
     assert watchdog.current() is None
-    # one agreement per collective, and only when there is someone to agree with
-    assert watchdog.record().seq - before == (2 if N > 1 else 0)
+    # one agreement per collective, and only when there is someone to agree with; the
+    # broadcast's data phase is an entry of its own (the small allreduce rides in its agreement)
+    assert watchdog.record().seq - before == (3 if N > 1 else 1)
 
 
 @multi_rank
@@ -211,3 +212,12 @@ def test_report_line_names_each_missing_rank():
     alone = watchdog.make_stall(1, 2, 1, ("barrier", {}, None), 3.0, None)
     assert "on rank 1; missing ranks unknown" in alone.line and "barrier (collective #1)" in \
         alone.line
+
+
+def test_report_line_names_a_rank_that_left():
+    desc = ("allreduce", {"name": "only rank 0"}, None)
+    answers = {1: {"left": True, "seq": 2}, 2: {"left": True, "seq": 0}}
+    stall = watchdog.make_stall(0, 3, 3, desc, 1.2, answers)
+    assert stall.present == [0] and stall.missing == [1, 2]
+    assert stall.line.endswith("missing ranks [1, 2] (rank 1: left the job after #2; rank 2: "
+                               "left the job before its first collective)")
