@@ -6,7 +6,9 @@ name (argparse.SUPPRESS), which gives the layering defaults < env < flags.
 
 Bad input is a ``UsageError`` (or the data layer's ``DataError``): every rank reaches it from the
 same config (or from a value agreed across ranks in setup.py), rank 0 alone prints one line, and
-every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written. A file
+every rank exits with code 2 -- no traceback from N ranks, no MPI Abort, no file written. The
+flags and variables themselves are agreed too (``parse_everywhere``): a rank launched with a bad
+one, alone, does not leave the others waiting for it in MPI. A file
 that cannot be written mid-run (a full disk) is the same on every rank too: one line, exit code
 1. A stop signal (--preempt-signals: SIGTERM, SIGUSR1) is one line on rank 0 after the next step
 and its checkpoint, exit code 32 on every rank (EXIT_PREEMPTED: not a failure; the launcher
@@ -114,12 +116,43 @@ def _rank():
     return 0
 
 
+def parse_everywhere(argv=None):
+    """``parse(argv)`` on every rank of the job, the outcome agreed: a bad flag or
+    ``MPITRAIN_*`` value on some ranks only (an MPMD launch, one host's environment) is the same
+    UsageError on every rank, naming those ranks, and ``--help`` on any rank is its exit on
+    every rank. Parsed alone, such a rank would end while the others wait for it in their first
+    collective for ever."""
+    from mpitrain import comm
+    try:
+        config, outcome = parse(argv), None
+    except UsageError as exc:
+        config, outcome = None, ("error", str(exc))
+    except SystemExit as exc:                       # --help
+        config, outcome = None, ("exit", exc.code)
+    try:
+        comm.init(threads=None)                     # the budget is config.threads (setup.py)
+    except (ValueError, comm.CollectiveError) as exc:
+        raise UsageError(str(exc)) from None
+    every = comm.allgather_object(outcome) if comm.size() > 1 else [outcome]
+    failed = [(r, o[1]) for r, o in enumerate(every) if o is not None and o[0] == "error"]
+    if failed:
+        message = failed[0][1]
+        if len(failed) < len(every):
+            ranks = [r for r, m in failed if m == message]
+            message += f" (on rank{'s' if len(ranks) > 1 else ''} {ranks} of {len(every)})"
+        raise UsageError(message)
+    exits = [o[1] for o in every if o is not None]
+    if exits:
+        raise SystemExit(exits[0])
+    return config
+
+
 def run_cli(argv=None):
     """Parse and train; bad input, an unwritable output and Ctrl-C are one line on rank 0 and
     exit codes EXIT_USAGE, EXIT_OUTPUT and EXIT_INTERRUPTED (returned, not raised)."""
     from mpitrain.train.setup import run
     try:
-        run(parse(argv))
+        run(parse_everywhere(argv))
     except (UsageError, DataError) as exc:
         return _fail(f"mpitrain: error: {exc}", EXIT_USAGE)
     except OutputError as exc:
@@ -158,5 +191,5 @@ def main(argv=None):
     finish(run_cli(argv))
 
 
-__all__ = ["build_parser", "parse", "main", "run_cli", "finish", "EXIT_USAGE", "EXIT_OUTPUT",
+__all__ = ["build_parser", "parse", "parse_everywhere", "main", "run_cli", "finish", "EXIT_USAGE", "EXIT_OUTPUT",
            "EXIT_INTERRUPTED", "EXIT_PREEMPTED"]
