@@ -13,8 +13,10 @@
     ``torch.distributed.all_reduce`` (gloo), both in place, averaged (ours) / summed (gloo).
 
 Models: a ResNet-18-style CIFAR network (3x3 stem, no max-pool, four stages of two BasicBlocks
-at 64..512 channels, 11.2 M parameters, 3x32x32 input) and the MLP of the zoo (784-1024-1024-10).
-Batch 64 per rank, one thread per rank, SGD with momentum; the median over timed steps after
+at 64..512 channels, 11.2 M parameters, 3x32x32 input) and the MLP of the zoo (784-1024-1024-10),
+batch 64 per rank, SGD with momentum; nanoGPT's GPT as its train.py trains it (``gpt``: the
+"baby" shape, 0.81 M parameters in 52 tensors, batch 12 per rank, AdamW, clipping between
+backward and step). One thread per rank; the median over timed steps after
 warm-up steps, the compared loops' steps alternating. Prints tables; ``--json PATH`` writes
 the numbers.
 """
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import benchutil
+import gpt_step
 import mpitrain.torch as hvd
 
 
@@ -65,31 +68,65 @@ def mlp():
                          nn.Linear(1024, 10))
 
 
-MODELS = {"resnet18": (resnet18, (3, 32, 32)), "mlp": (mlp, (784,))}
+# nanoGPT's train.py on the "baby" Shakespeare shape of benchmarks/gpt_step.py: 4 layers,
+# 4 heads, 128 channels, block 64, vocabulary 65, batch 12 per rank; AdamW (weight decay on the
+# matrices only, as nanoGPT's configure_optimizers) and clip_grad_norm_(1.0) between backward
+# and step, DDP's way (the averaged gradients are clipped).
+GPT = dict(vocab=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 
 
-def step_times(runs, shape, batch, warmup, steps):
-    """Median seconds of zero_grad + forward + backward + step for each (model, optimizer) of
-    ``runs``, whose steps alternate (a load change on the machine hits all of them alike)."""
+def gpt():
+    return gpt_step.torch_gpt(**GPT)
+
+
+MODELS = {"resnet18": (resnet18, (3, 32, 32)), "mlp": (mlp, (784,)), "gpt": (gpt, None)}
+BATCH = {"gpt": 12}
+
+
+def inputs(name, batch):
     g = torch.Generator().manual_seed(hvd.rank())
-    x = torch.randn(batch, *shape, generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    if name == "gpt":
+        ids = torch.randint(0, GPT["vocab"], (batch, GPT["block_size"] + 1), generator=g)
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    return (torch.randn(batch, *MODELS[name][1], generator=g),
+            torch.randint(0, 10, (batch,), generator=g))
+
+
+def step_times(runs, name, batch, warmup, steps):
+    """Median seconds of zero_grad + forward + backward (+ clipping for the GPT) + step for
+    each (model, optimizer) of ``runs``, whose steps alternate (a load change on the machine
+    hits all of them alike)."""
+    x, y = inputs(name, BATCH.get(name, batch))
     times = [[] for _ in runs]
     for i in range(warmup + steps):
         for (model, opt), kept in zip(runs, times):
             start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            opt.zero_grad(set_to_none=True)
+            if name == "gpt":
+                model(x, y).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            else:
+                F.cross_entropy(model(x), y).backward()
             opt.step()
             if i >= warmup:
                 kept.append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
 
 
+def make_optimizer(name, model):
+    if name == "gpt":
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": rest, "weight_decay": 0.0}], lr=1e-3,
+                                 betas=(0.9, 0.99))
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
 def plain(name):
     torch.manual_seed(0)
     model = MODELS[name][0]()
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, make_optimizer(name, model)
 
 
 def ours(name):
@@ -101,7 +138,7 @@ def ours(name):
 
 def ddp(name):
     model = nn.parallel.DistributedDataParallel(plain(name)[0])
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, make_optimizer(name, model)
 
 
 def slowest(seconds):
@@ -152,8 +189,8 @@ def main():
         say(f"(a) one rank, batch {args.batch}, 1 thread: median step, ms")
         say(f"{'model':10} {'torch':>9} {'hvd.DistributedOptimizer':>25} {'overhead':>9}")
         for name in args.models:
-            t0, t1 = step_times([plain(name), ours(name)], MODELS[name][1], args.batch,
-                                args.warmup, args.steps)
+            t0, t1 = step_times([plain(name), ours(name)], name, args.batch, args.warmup,
+                                args.steps)
             report[f"step.{name}"] = {"torch_s": t0, "ours_s": t1}
             say(f"{name:10} {t0 * 1e3:9.2f} {t1 * 1e3:25.2f} {100 * (t1 / t0 - 1):8.1f}%")
     else:
@@ -166,8 +203,8 @@ def main():
             f"(eff: the one-rank plain torch step of --baseline / this step)")
         say(f"{'model':10} {'1 rank':>8} {'ours':>8} {'eff':>6} {'DDP gloo':>9} {'eff':>6}")
         for name in args.models:
-            mine, theirs = step_times([ours(name), ddp(name)], MODELS[name][1], args.batch,
-                                      args.warmup, args.steps)
+            mine, theirs = step_times([ours(name), ddp(name)], name, args.batch, args.warmup,
+                                      args.steps)
             mine, theirs = slowest(mine), slowest(theirs)
             alone = base.get(f"step.{name}", {}).get("torch_s", float("nan"))
             report[f"scaling.{name}"] = {"one_rank_s": alone, "ours_s": mine, "ddp_s": theirs}
