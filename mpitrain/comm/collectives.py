@@ -60,7 +60,8 @@ def _run(fn, kind, process_set, *args):
 
 def _submit(impl, kind, process_set, name, *args):
     """The non-blocking call: the same function on the comm thread; a Handle. A rank outside
-    the set is refused here (ValueError), before anything is queued."""
+    the set, or a ``name`` still in flight, is refused here (ValueError), before anything is
+    queued."""
     state = world_of(process_set, kind + "_async")
     if impl is not host:
         # Device arrays: CuPy's and Numba's current device and stream are per thread, so the
@@ -68,7 +69,8 @@ def _submit(impl, kind, process_set, name, *args):
         # behind collectives in flight on the comm thread, where device.py binds the GPU first.
         return handles.completed(getattr(impl, kind), state, *args, kind=kind)
     return handles.submit(getattr(impl, kind), state, *args, kind=kind,
-                          span=(kind.value, {"tensor_name": name, "process_set": state.set_id}))
+                          span=(kind.value, {"tensor_name": name, "process_set": state.set_id}),
+                          name=name)
 
 
 # --- blocking ---------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ Rules (docs/architecture.md, "Non-blocking collectives"):
   runs on the caller's thread: the hop to the thread and back would cost more than a whole small
   allreduce (docs/benchmarks.md, "Async").
 - overlap.py's gradient buckets run on the same thread, hence in the same order.
+- A name given to a non-blocking call belongs to it until it finishes: a second call with the
+  same name meanwhile is a ValueError at the call, on the rank that makes it (Horovod's rule;
+  names are how its users tell their collectives apart). Ranks making the same calls all raise.
 - Below ``MPI_THREAD_SERIALIZED`` no second thread may call MPI: collectives then run at
   submission on the caller's thread and the handle is complete at once (same results, no
   overlap). mpi4py asks for MULTIPLE; the mpich wheel grants it.
@@ -44,6 +47,7 @@ _executor = None
 _lock = threading.Lock()
 _submitted = 0            # collectives handed to the thread (under _lock)
 _finished = 0             # collectives the thread has finished (written by the thread only)
+_names = set()            # the names of the submitted collectives not finished yet (under _lock)
 
 
 class Handle:
@@ -78,12 +82,13 @@ def on_comm_thread():
     return threading.current_thread().name.startswith("mpitrain-comm")
 
 
-def submit(fn, *args, kind=None, span=None):
+def submit(fn, *args, kind=None, span=None, name=None):
     """Run ``fn(*args)`` on the comm thread after everything submitted before; a Handle.
 
     kind: the collective's Kind (kinds.py) or its exact name, None for a blocking call queued
     in order; another name raises ValueError. span: (name, args dict) of the timeline span
-    recording it on the "comm" track, or None.
+    recording it on the "comm" track, or None. name: the user's name for the collective, or
+    None; a name still in flight is a ValueError (nothing is submitted).
     """
     global _submitted
     if kind is not None and kind.__class__ is not Kind:
@@ -91,8 +96,15 @@ def submit(fn, *args, kind=None, span=None):
     if on_comm_thread() or not comm_thread_available():
         return _now(kind, _call, fn, args, span)      # run here: nothing can overtake it
     with _lock:
+        if name.__class__ is not str:
+            name = None                               # only names (str) are tracked
+        elif name in _names:
+            raise ValueError(f"{kind or 'collective'}: a collective named {name!r} is still "
+                             f"in flight; give each pending collective its own name")
+        else:
+            _names.add(name)
         _submitted += 1
-        future = _thread().submit(_run, fn, args, span)
+        future = _thread().submit(_run, fn, args, span, name)
     return Handle(future, kind)
 
 
@@ -111,11 +123,14 @@ def _now(kind, fn, *args):
     return Handle(future, kind)
 
 
-def _run(fn, args, span):
+def _run(fn, args, span, name=None):
     global _finished
     try:
         return _call(fn, args, span)
     finally:
+        if name is not None:
+            with _lock:
+                _names.discard(name)
         _finished += 1
 
 

@@ -66,6 +66,9 @@ class Kind(_StrEnum):
     ALLREDUCE_BUCKET = "allreduce bucket", Joined.REPLAY         # one bucket of that step
     OPTIMIZER_STEP = "DistributedOptimizer.step", Joined.AGREE   # the backward pass count
     REDUCESCATTER_DEVICE = "reducescatter (device)", Joined.AGREE   # then a host reducescatter
+    # a front end's own dtypes, where its tensors travel as another dtype (mpitrain.torch's
+    # bfloat16 and bool), checked before the collective that moves them
+    DTYPES = "dtype check (bfloat16 or bool)", Joined.AGREE
     ALLGATHER = "allgather", Joined.REFUSE
     BROADCAST = "broadcast", Joined.REFUSE
     BROADCAST_ = "broadcast_", Joined.REFUSE

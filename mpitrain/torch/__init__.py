@@ -24,25 +24,28 @@ from mpitrain.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    rocm_built, shutdown, size, start_timeline, stop_timeline)
 from mpitrain.torch.broadcast import broadcast_optimizer_state, broadcast_parameters
 from mpitrain.torch.compression import Compression
-from mpitrain.torch.ops import (Average, Handle, Max, Min, Product, Sum, allgather,
-                                allgather_async, allgather_object, allreduce, allreduce_,
-                                allreduce_async, allreduce_async_, alltoall, alltoall_async,
-                                barrier, broadcast, broadcast_, broadcast_async,
-                                broadcast_async_, broadcast_object, grouped_allreduce,
-                                grouped_allreduce_, grouped_allreduce_async,
-                                grouped_allreduce_async_, join, poll, reducescatter,
-                                reducescatter_async, synchronize)
+from mpitrain.torch.ops import (Adasum, Average, Handle, Max, Min, Product, SparseHandle, Sum,
+                                allgather, allgather_async, allgather_object, allreduce,
+                                allreduce_, allreduce_async, allreduce_async_, alltoall,
+                                alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                                broadcast_async_, broadcast_object, grouped_allgather,
+                                grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+                                grouped_allreduce_async, grouped_allreduce_async_,
+                                grouped_reducescatter, grouped_reducescatter_async, join, poll,
+                                reducescatter, reducescatter_async, sparse_allreduce_async,
+                                synchronize)
 from mpitrain.torch.optimizer import DistributedOptimizer
 from mpitrain.torch.sync_batchnorm import SyncBatchNorm
 
 CollectiveError = comm.CollectiveError
+# Horovod's error for a collective that failed inside the library: ours is CollectiveError (a
+# RuntimeError, raised on every rank), so ``except hvd.HorovodInternalError`` catches it.
+HorovodInternalError = CollectiveError
 ReduceOp = comm.ReduceOp
 ProcessSet = comm.ProcessSet
 global_process_set = comm.global_process_set
 add_process_set = comm.add_process_set
 remove_process_set = comm.remove_process_set
-# Horovod's Adasum op: named, so that scripts that mention it import; refused when used.
-Adasum = "adasum"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -50,10 +53,13 @@ __all__ = [
     "nccl_built", "cuda_built", "rocm_built", "gloo_built", "gloo_enabled", "ddl_built",
     "ccl_built", "is_homogeneous",
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "ReduceOp", "CollectiveError",
+    "HorovodInternalError",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_",
-    "broadcast_async", "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall",
+    "grouped_allreduce_async_", "sparse_allreduce_async", "SparseHandle", "allgather",
+    "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "alltoall",
     "alltoall_async", "barrier", "join", "poll", "synchronize", "Handle",
     "broadcast_object", "allgather_object",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",

@@ -7,12 +7,21 @@ the model's tensors, so the model changes. ``broadcast_optimizer_state`` sends t
 state_dict: its layout and every non-tensor value (hyper-parameters such as ``lr`` and
 ``betas``, scalar state) as one object, then each tensor in place, and loads the result on
 every rank -- so a fresh optimizer (no state yet) ends up identical to a loaded one.
+
+Two rules are Horovod's, one is ours. A fresh optimizer (empty state) is stepped once on zero
+gradients first, as Horovod does, so that its state exists (momentum buffers, Adam's moments)
+and has the root's values afterwards; unlike Horovod's, that step leaves the parameters as
+they were. ``p.grad`` of the parameters that had none stays zero. And every rank must hold an
+optimizer of the same class: the root's settings loaded into another optimizer (an Adam's
+``betas`` into an SGD) would fail later, far from the cause, so a different class is a
+CollectiveError on every rank, before anything moves.
 """
 import torch
 
 import mpitrain
 from mpitrain import comm
 from mpitrain.torch.ops import broadcast_
+from mpitrain.torch.optimizer import DistributedMixin
 from mpitrain.torch.tensors import Bridge, Problem, refuse, tensor_problem
 
 
@@ -96,6 +105,10 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_pr
                                                       f"torch.optim.Optimizer, got "
                                                       f"{type(optimizer).__name__}"),
                process_set)
+    comm.agree(process_set, "broadcast_object", {"optimizer": optimizer_class(optimizer)},
+               ordered=True, who="mpitrain.torch.broadcast_optimizer_state")
+    if not optimizer.state:
+        initialize_state(optimizer)
     state = optimizer.state_dict()
     skeleton = comm.broadcast_object(_skeleton(state), root_rank=root_rank,
                                      process_set=process_set)
@@ -105,3 +118,34 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_pr
         broadcast_(tensor, root_rank, name=f"broadcast_optimizer_state.{path}",
                    process_set=process_set)
     optimizer.load_state_dict(new)
+
+
+def optimizer_class(optimizer):
+    """The torch optimizer class ``optimizer`` is (a DistributedOptimizer: the one it wraps)."""
+    cls = type(optimizer)
+    if isinstance(optimizer, DistributedMixin):
+        cls = next(c for c in cls.__mro__ if c is not cls and not issubclass(c, DistributedMixin))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def initialize_state(optimizer):
+    """Create a fresh optimizer's state as Horovod does: one step of the torch optimizer's own
+    on zero gradients (``p.grad`` zero where it was None). Not the distributed step, which
+    would start collectives only this caller makes; the parameters are put back after it."""
+    params = [p for group in optimizer.param_groups for p in group["params"]
+              if p.requires_grad]
+    if not params:
+        return
+    saved = []
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):    # it takes sparse ones only
+                    p.grad = p.grad.to_sparse()
+            saved.append(p.detach().clone())
+        step = optimizer.inner_step if isinstance(optimizer, DistributedMixin) else \
+            optimizer.step
+        step()
+        for p, value in zip(params, saved):
+            p.copy_(value)

@@ -16,6 +16,11 @@ How each dtype travels:
   exactly, as int16.
 Anything else (complex, float8, sparse tensors) is refused.
 
+The comm layer's agreement compares the dtypes it is given, so a bfloat16 tensor (reduced as
+float32, moved as int16) or a bool one (uint8) would pass for the dtype it travels as:
+``agree_dtypes`` checks those tensors' own dtypes across ranks first, one small message more,
+only for them.
+
 Errors are agreed: a bad argument on one rank must not leave the others waiting in the
 collective, so ``refuse`` puts this rank's message in the same cross-rank agreement every
 collective begins with. Every rank with the same error raises it (TypeError for a non-tensor or
@@ -77,6 +82,22 @@ def tensor_problem(tensor, kind, index=None):
         return Problem(ValueError, f"{what}: tensors on {tensor.device.type} are not "
                                    f"supported (cpu or cuda)")
     return None
+
+
+# dtypes that travel as another dtype's values or bytes
+DISGUISED = (torch.bool, torch.bfloat16)
+
+
+def agree_dtypes(kind, tensors, process_set):
+    """When a tensor's dtype travels disguised (bfloat16 as float32 or int16, bool as uint8),
+    check every rank's torch dtypes first: a float32 tensor on one rank and a bfloat16 one on
+    another is a CollectiveError on every rank (the float32 rank's collective meets this
+    check), not a silent reduction."""
+    if any(t.dtype in DISGUISED for t in tensors):
+        comm.agree(process_set, "dtype check (bfloat16 or bool)",
+                   {"collective": kind.rstrip("_"),
+                    "dtype": [str(t.dtype).replace("torch.", "") for t in tensors]},
+                   ordered=True, who=f"mpitrain.torch.{kind}")
 
 
 def reduction_problem(tensor, op, kind):

@@ -116,7 +116,8 @@ def test_join_behaviour_of_each_kind():
     assert by[Joined.REPLAY] == {"allreduce", "allreduce_", "grouped_allreduce",
                                  "grouped_allreduce_", "reducescatter", "barrier",
                                  "allreduce buckets", "allreduce bucket"}
-    assert by[Joined.AGREE] == {"DistributedOptimizer.step", "reducescatter (device)"}
+    assert by[Joined.AGREE] == {"DistributedOptimizer.step", "reducescatter (device)",
+                                 "dtype check (bfloat16 or bool)"}
     assert by[Joined.JOIN] == {"join"}
     # every kind an agreement carries that a joined rank replays has its replay in join.py
     assert {as_kind(k) for k in AGREED if as_kind(k).joined is Joined.REPLAY} == set(join.REPLAYS)
