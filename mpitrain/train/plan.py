@@ -17,6 +17,7 @@ here, so ``Trainer.train_step`` runs any step the same way and names none of the
 ``DistributedSampler`` gives rank r the elements r, r+N, ... of each global batch of a seeded
 per-epoch permutation, so global batch t is the same sample set for any N.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,28 @@ class Step:
     def micro_batches(self):
         """(passes, b / passes) sample indices, or none for a rank with no share."""
         return self.idx.reshape(self.passes, -1) if len(self.idx) else ()
+
+
+class Steps(Sequence):
+    """The steps of the rest of an epoch, each made when it is taken: an epoch of millions of
+    steps (a large text corpus) is one index array, not one object per step, whatever
+    --steps leaves of it. ``shares``: this rank's samples of each step, (steps, b); ``make``
+    builds a step from its row; ``last``: the --uneven tail's Step, or None."""
+
+    def __init__(self, shares, make, last=None):
+        self.shares, self.make, self.last = shares, make, last
+
+    def __len__(self):
+        return len(self.shares) + (self.last is not None)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"step {i} of {n}")
+        i %= n
+        return self.make(self.shares[i]) if i < len(self.shares) else self.last
 
 
 class Sums:
@@ -69,14 +92,14 @@ class StepPlan:
         self.global_batch = sampler.global_batch
 
     def steps(self):
-        """This rank's steps over the rest of the sampler's epoch."""
-        steps = [Step(idx, self.passes, self.weight, self.global_batch)
-                 for idx in self.shares()]
+        """This rank's steps over the rest of the sampler's epoch (a Steps sequence)."""
         tail = self.sampler.global_remainder() if self.config.uneven else ()
+        last = None
         if len(tail):
             idx = self.sampler.remainder()                  # (0 to b,): this rank's share
-            steps.append(Step(idx, 1, self.size * len(idx) / len(tail), len(tail), joins=True))
-        return steps
+            last = Step(idx, 1, self.size * len(idx) / len(tail), len(tail), joins=True)
+        return Steps(self.shares(), lambda idx: Step(idx, self.passes, self.weight,
+                                                      self.global_batch), last)
 
     def shares(self):
         """This rank's samples of each remaining global batch of the epoch, (steps, G/N)."""

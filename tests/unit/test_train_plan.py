@@ -92,3 +92,21 @@ def test_the_lr_is_a_function_of_the_position_alone():
     assert a.lr(schedule) == b.lr(schedule)
     fresh = Progress(config, n_train=16, global_batch=8)
     assert fresh.lr(schedule) == pytest.approx(0.1 * 0.25 * schedule.decay(0))
+
+
+def test_an_epoch_of_many_steps_makes_each_step_only_when_it_is_taken():
+    """A large corpus has millions of steps an epoch; --steps 5 takes five. The plan holds the
+    epoch's index array, not one object per step: 400000 steps cost about their indices."""
+    import tracemalloc
+    plan, sampler = plan_of(400_000, 1, 0, batch_size=1)
+    tracemalloc.start()
+    try:
+        steps = plan.steps()
+        taken = [step for _, step in zip(range(5), steps)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(steps) == 400_000 and len(taken) == 5
+    np.testing.assert_array_equal(taken[4].idx, sampler.indices()[4])
+    np.testing.assert_array_equal(steps[-1].idx, sampler.indices()[-1])
+    assert peak < 20 << 20, peak          # the permutation and its (steps, 1) view: ~6.4 MB
