@@ -287,7 +287,9 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
     Collective: every rank calls it with the same arguments; rank 0 alone writes (its model and
     optimizer state: with plain BatchNorm, its own running statistics -- average them first to
     write their mean) and then deletes all but the newest ``keep`` files (None: keeps them all).
-    optimizer: an mt.optim optimizer or a DistributedOptimizer (its inner optimizer's state).
+    optimizer: an mt.optim optimizer or a DistributedOptimizer (the state its strategy says a
+    checkpoint holds, ``checkpoint_state()``, as the CLI saves: in weights mode the mean of the
+    ranks' moments, not rank 0's).
     step: default the optimizer's update count; it must not be lower than a checkpoint already
     in the folder (``keep`` deletes the lowest steps first). extra: a JSON-able dict (your
     epoch, ...) that ``load_latest`` returns beside "step". A failure (a full disk, a folder
@@ -306,6 +308,9 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
     except ValueError as exc:
         error = str(exc)
     _raise_on_every_rank(error, ValueError)     # before rank 0 writes anything
+    # collective where the ranks' states differ (weights mode), so every rank asks
+    optimizer_state = (optimizer.checkpoint_state() if isinstance(optimizer, DistributedOptimizer)
+                       else inner.state_dict())
     path = None
     if comm.rank() == 0:
         try:
@@ -314,8 +319,8 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
                 raise CheckpointError(f"{directory} holds {os.path.basename(newer[-1])}, newer "
                                       f"than step {step}: resume from it (load_latest) or save "
                                       f"into an empty folder")
-            path = write(directory, step, model.state_dict(copy=True), inner.state_dict(),
-                         extra, keep=keep or 0)
+            path = write(directory, step, model.state_dict(copy=True), optimizer_state, extra,
+                         keep=keep or 0)
         except CheckpointError as exc:
             error = str(exc)
         except (OSError, TypeError, ValueError) as exc:
