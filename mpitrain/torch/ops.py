@@ -669,15 +669,35 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 # --- alltoall -------------------------------------------------------------------------------
 
 def _splits(splits):
-    """``splits`` as the comm layer takes them: a tensor as its values' array (so that a
-    floating-point one is refused there, not truncated here), a list as it is."""
+    """``splits`` as the comm layer takes them: a tensor as its values' array, a list as it
+    is."""
     if isinstance(splits, torch.Tensor):
         return splits.detach().cpu().numpy()
     return splits
 
 
+def splits_problem(splits):
+    """Why ``splits`` are not integers, or None. The message names the type, not the values,
+    so that every rank given floats raises the same ValueError (Horovod's)."""
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or \
+                splits.dtype is torch.bool:
+            return Problem(ValueError, f"alltoall: splits must be integers, got a "
+                                       f"{str(splits.dtype).replace('torch.', '')} tensor")
+    elif isinstance(splits, (list, tuple)):
+        bad = [type(s).__name__ for s in splits
+               if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))]
+        if bad:
+            return Problem(ValueError, f"alltoall: splits must be integers, got "
+                                       f"{bad[0]} values")
+    return None
+
+
 def _alltoall(tensor, splits, name, process_set, asynchronous):
     check_tensors("alltoall", [tensor], process_set)
+    problem = splits_problem(splits)
+    if problem is not None:
+        refuse("alltoall", problem, process_set)
     bridge = Bridge(tensor, False, move_only=True)
     given = splits is not None
 
@@ -699,7 +719,7 @@ class _AlltoallGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        ctx.process_set = process_set
+        ctx.process_set, ctx.rows = process_set, tensor.shape[0]
         if splits is None:
             ctx.received = None
             return _alltoall(tensor, None, name, process_set, False)
@@ -710,11 +730,12 @@ class _AlltoallGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, *unused):
-        grad = grad.contiguous()
-        if ctx.received is None:
-            back = _alltoall(grad, None, None, ctx.process_set, False)
-        else:
-            back, _ = _alltoall(grad, ctx.received, None, ctx.process_set, False)
+        ps = ctx.process_set
+        received = ctx.received
+        if received is None:            # equal splits: rank j sent us its rows / N
+            counts = _allgather(torch.tensor([ctx.rows], dtype=torch.int64), None, ps, False)
+            received = counts // comm.group_size(ps, "alltoall")
+        back, _ = _alltoall(grad.contiguous(), received, None, ps, False)
         return back, None, None, None
 
 

@@ -103,9 +103,13 @@ def test_alltoall_is_differentiable():
     # each element's gradient is the weight its row met on the rank it went to
     sent = hvd.alltoall(weights, splits=received)[0]
     assert torch.equal(x.grad, sent)
-    y = torch.ones(2 * N(), requires_grad=True)
-    hvd.alltoall(y).sum().backward()                               # equal splits
-    assert torch.equal(y.grad, torch.ones(2 * N()))
+    # equal splits of a different number of rows on every rank: the gradient goes back in
+    # the rows each rank sent
+    y = torch.arange(N() * (r + 1), dtype=torch.float64).requires_grad_()
+    out = hvd.alltoall(y)
+    (out * torch.arange(out.numel(), dtype=torch.float64)).sum().backward()
+    assert torch.equal(y.grad, hvd.alltoall(torch.arange(out.numel(), dtype=torch.float64),
+                                            splits=received)[0])
 
 
 def test_grouped_allgather_gradient_averages():
@@ -155,10 +159,11 @@ def test_adasum_reducescatter_is_a_runtime_error_on_every_rank():
 
 
 def test_alltoall_refuses_floating_point_splits():
-    with pytest.raises(ValueError, match="splits"):
-        hvd.alltoall(torch.ones(N()), torch.ones(N(), dtype=torch.float32))
-    with pytest.raises(ValueError, match="splits"):
-        hvd.alltoall(torch.ones(N()), [1.5] + [1] * (N() - 1))
+    # different values on every rank, as uninitialised memory has: the same ValueError
+    with pytest.raises(ValueError, match="splits must be integers, got a float32 tensor"):
+        hvd.alltoall(torch.ones(N()), torch.full((N(),), 0.5 + hvd.rank()))
+    with pytest.raises(ValueError, match="splits must be integers, got float values"):
+        hvd.alltoall(torch.ones(N()), [1.5 + hvd.rank()] + [1] * (N() - 1))
     out, received = hvd.alltoall(torch.ones(N()), torch.ones(N(), dtype=torch.int32))
     assert received.tolist() == [1] * N()
 
