@@ -89,7 +89,7 @@ class DeterministicGradients(Strategy):
         super().zero_grad()
         self.tree.reset()
 
-    def synchronize(self):
+    def synchronize(self, flags=None):
         opt, tree, k = self.opt, self.tree, self.opt.backward_passes_per_step
         if tree.passes == 0 and k == 1 and self.passes.passes() == 0:
             tree.add_current()             # no hook: the gradients in .grad are the one leaf
@@ -102,15 +102,16 @@ class DeterministicGradients(Strategy):
         # the first MPI call of the step, as for every collective: a wrong count anywhere is an
         # error on every rank (its leaves dropped too), and a rank in mt.join() is refused,
         # never left waiting
-        self.agree("DistributedOptimizer.deterministic",
-                   {"backward_passes_per_step": k, "elements": tree.elements,
-                    "dtype": str(tree.dtype)}, error)
+        agreed, _ = self.agree("DistributedOptimizer.deterministic",
+                               {"backward_passes_per_step": k, "elements": tree.elements,
+                                "dtype": str(tree.dtype)}, error, flags=flags)
         self.passes.reset()
         scale = 1.0 / size if opt.op is comm.Average else 1.0
         with current_timeline().span("synchronize", cat="comm"):
             tree.reduce(opt.process_set, size, scale)
         opt.comm_time_s += time.perf_counter() - start
         self.synchronized = True
+        return agreed
 
 
 class GradientTree:

@@ -111,13 +111,14 @@ class GradientAveraging(Strategy):
             wire_dtypes=[opt.compression.wire_dtype(g.dtype) for g in grads])
         return self.buckets
 
-    def synchronize(self):
-        """Average every ``.grad`` in place; then agree on the count of backward passes."""
+    def synchronize(self, flags=None):
+        """Average every ``.grad`` in place; then agree on the count of backward passes (and
+        carry ``flags``: returns their OR over the ranks, or None)."""
         opt = self.opt
         error = self.passes.error()
         used = report.used(opt.params)         # before the average zero-fills the missing ones
         several = opt.process_set.size() > 1   # the average of one: nothing to do
-        digest = None
+        digest = agreed = None
         if several and not self.replicas_checked:
             digest = report.digest(opt.params)
             self.replicas_checked = True
@@ -131,9 +132,10 @@ class GradientAveraging(Strategy):
         self.passes.reset()
         if several:
             # behind whatever is in flight (another optimizer's buckets)
-            any_used = self.agree("DistributedOptimizer.step",
-                                  {"backward_passes_per_step": opt.backward_passes_per_step},
-                                  error, ordered=True, digest=digest, used=used)
+            agreed, any_used = self.agree(
+                "DistributedOptimizer.step",
+                {"backward_passes_per_step": opt.backward_passes_per_step}, error,
+                ordered=True, flags=flags, digest=digest, used=used)
             if any_used is not None:        # no rank used these: no gradient, as at N = 1
                 for p, u in zip(opt.params, any_used):
                     if not u:
@@ -142,9 +144,10 @@ class GradientAveraging(Strategy):
             opt.zero_grad()               # a wrong count summed the wrong gradients
             raise ValueError(error)
         self.synchronized = True
+        return agreed
 
-    def step(self, skip, flags=None):
-        agreed = super().step(skip, flags)
+    def step(self, skip, flags=None, update=None):
+        agreed = super().step(skip, flags, update)
         if self.autotuner is not None:
             self.autotuner.step_done()
         return agreed

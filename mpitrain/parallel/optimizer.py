@@ -132,10 +132,12 @@ class DistributedOptimizer:
         """The MPITRAIN_AUTOTUNE=1 autotuner (autotune.py), or None."""
         return getattr(self.strategy, "autotuner", None)
 
-    def zero_grad(self):
-        """Zero every gradient; a partial accumulation is dropped (counting starts again)."""
+    def zero_grad(self, inner=None):
+        """Zero every gradient; a partial accumulation is dropped (counting starts again).
+        ``inner``: what zeroes them instead of the inner optimizer's ``zero_grad``
+        (mpitrain.torch passes torch's, with its ``set_to_none``)."""
         self.strategy.zero_grad()
-        self.optimizer.zero_grad()
+        (inner or self.optimizer.zero_grad)()
 
     def state_dict(self):
         return self.optimizer.state_dict()
@@ -202,13 +204,15 @@ class DistributedOptimizer:
         autotuner does); the overlap plan is rebuilt and agreed at the next step."""
         self.strategy.set_fusion_threshold(threshold_bytes)
 
-    def step(self, flags=None):
+    def step(self, flags=None, update=None):
         """Average (unless inside ``skip_synchronize``), then update. ``flags``: an int of bits
         this rank raises for this step (a stop request, ...); they ride in the message the
         ranks already exchange to agree on the step, and ``step`` returns their OR over the
         ranks -- or None where the step made no such exchange (one rank, weights mode,
-        MPITRAIN_CHECK=0, inside ``skip_synchronize``): exchange them yourself then."""
-        return self.strategy.step(self._skip, flags)
+        MPITRAIN_CHECK=0, inside ``skip_synchronize``): exchange them yourself then.
+        ``update``: what updates the parameters instead of the inner optimizer's ``step``
+        (mpitrain.torch passes torch's, with its closure)."""
+        return self.strategy.step(self._skip, flags, update)
 
     def __repr__(self):
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, average={self.average!r}, "

@@ -8,7 +8,9 @@ and adds the seconds it spends averaging to ``opt.comm_time_s``.
 
 Step flags: ``step(flags=...)`` hands a few bits of this rank's (a stop request, ...) to the
 step's own agreement -- the message every rank already exchanges to check the step -- as its
-inline payload, so every rank learns the OR of them with no MPI call of its own.
+inline payload, so every rank learns the OR of them with no MPI call of its own. They travel as
+arguments (``step`` -> ``synchronize`` -> ``agree``) and come back as return values; so does the
+update a caller runs instead of the inner optimizer's ``step`` (mpitrain.torch's closure).
 """
 from mpitrain import comm
 from mpitrain.nn.clip import clip_grad_norm_
@@ -30,8 +32,6 @@ class Strategy:
         # Sequential is the order backward finishes them
         self.slot = {id(p): n - 1 - i for i, p in enumerate(params)}
         self.passes = PassCount(n, opt.backward_passes_per_step)
-        self.flags = None           # this step's flags to carry (step(flags=...)), or None
-        self.agreed_flags = None    # their OR over the ranks once carried, else None
 
     def bucket_allreduce(self):
         """The overlapping bucket allreduce, or None where it does not apply."""
@@ -70,8 +70,10 @@ class Strategy:
         self.opt.fusion_threshold_bytes = comm.check_threshold(threshold_bytes)
         self.buckets = None
 
-    def synchronize(self):
-        pass
+    def synchronize(self, flags=None):
+        """Average (the strategies override it); the OR of the ranks' ``flags`` where the
+        average's agreement carried them, else None."""
+        return None
 
     def clip(self):
         """After the average: scale the averaged gradients to global 2-norm at most
@@ -88,40 +90,38 @@ class Strategy:
         """The one optimizer state a checkpoint holds (collective where ranks differ)."""
         return self.opt.optimizer.state_dict()
 
-    def agree(self, kind, fields, error, ordered=False, digest=None, used=None):
-        """The step's agreement (comm.agree), carrying the step's report (report.py):
-        ``self.flags`` when there are some (sets ``agreed_flags`` to their OR over the ranks,
-        or leaves it None where nothing was exchanged: one rank, MPITRAIN_CHECK=0), the
-        parameters' ``digest`` (CollectiveError on every rank where replicas differ) and which
-        parameters had a gradient (``used``; returns, per parameter, whether any rank had one,
-        or None). Where it raises (an ``error`` or a difference on some rank), the step's
-        gradients are dropped first (``zero_grad``): a wrong count summed the wrong
-        gradients."""
-        step_report = report.StepReport(self.flags, digest, used)
+    def agree(self, kind, fields, error, ordered=False, flags=None, digest=None, used=None):
+        """The step's agreement (comm.agree), carrying the step's report (report.py): the
+        ``flags``, the parameters' ``digest`` (CollectiveError on every rank where replicas
+        differ) and which parameters had a gradient (``used``). Returns (the flags' OR over
+        the ranks, per parameter whether any rank had a gradient), each None where not carried
+        or nothing was exchanged (one rank, MPITRAIN_CHECK=0). Where it raises (an ``error``
+        or a difference on some rank), the step's gradients are dropped first
+        (``zero_grad``): a wrong count summed the wrong gradients."""
+        step_report = report.StepReport(flags, digest, used)
         payload = step_report.payload()
         try:
             rows = comm.agree(self.opt.process_set, kind, {**fields, **step_report.fields()},
                               error, ordered=ordered, payload=payload)
             if rows is None or payload is None:
-                return None
-            self.agreed_flags, any_used = step_report.read(rows, kind)
-            return any_used
+                return None, None
+            return step_report.read(rows, kind)
         except (ValueError, comm.CollectiveError):
             self.opt.zero_grad()
             raise
 
-    def step(self, skip, flags=None):
-        """Synchronize (unless ``skip`` or done already), then the inner optimizer's step; the
-        OR of every rank's ``flags`` when the step's agreement carried them, else None."""
-        self.flags, self.agreed_flags = flags, None
+    def step(self, skip, flags=None, update=None):
+        """Synchronize (unless ``skip`` or done already), then ``update`` (default the inner
+        optimizer's step); the OR of every rank's ``flags`` when the step's agreement carried
+        them, else None."""
         if skip and self.pending():
             # The comm thread may still be reducing these gradients (and owns MPI).
             raise RuntimeError("step() inside skip_synchronize() while backward_hook's "
                                "allreduces are pending: call opt.synchronize() first")
+        agreed = None
         if not (skip or self.synchronized):
-            self.synchronize()
+            agreed = self.synchronize(flags)
             self.clip()
-        self.opt.optimizer.step()
+        (update or self.opt.optimizer.step)()
         self.synchronized = False
-        agreed, self.flags, self.agreed_flags = self.agreed_flags, None, None
         return agreed

@@ -33,7 +33,7 @@ class WeightAveraging(Strategy):
     """``average="weights"``: ``synchronize()`` does nothing; ``step()`` updates locally and
     averages the weights on every ``average_every``-th step of the inner optimizer."""
 
-    def step(self, skip, flags=None):
+    def step(self, skip, flags=None, update=None):
         """No agreement per step to carry ``flags`` in: None (the caller exchanges them)."""
         opt = self.opt
         error = self.passes.error()
@@ -41,7 +41,7 @@ class WeightAveraging(Strategy):
         if error is not None:       # each rank checks its own count
             opt.optimizer.zero_grad()
             raise ValueError(error)
-        opt.optimizer.step()
+        (update or opt.optimizer.step)()
         # The inner optimizer's step count travels in its state_dict, so a resumed job keeps
         # averaging on the same global steps as an uninterrupted one.
         if opt.optimizer.steps % opt.average_every == 0:

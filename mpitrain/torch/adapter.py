@@ -86,16 +86,13 @@ class TorchOptimizer:
     (every group's; reading gives the first group's), ``step``, ``zero_grad``, ``state_dict``.
 
     ``owner`` is the distributed optimizer; ``step``/``zero_grad`` run the torch optimizer's own
-    methods on it (``inner_step``/``inner_zero_grad``), with the arguments the caller gave the
-    public call (``closure``, ``set_to_none``), and ``step``'s result is kept for the caller.
+    methods on it (``inner_step``/``inner_zero_grad``) with torch's defaults. The public calls
+    hand theirs, with the caller's ``closure`` or ``set_to_none``, to the facade as arguments.
     """
 
     def __init__(self, owner, params):
         self.owner = owner
         self.params = params
-        self.step_args = ()
-        self.zero_grad_args = ()
-        self.result = None
 
     @property
     def lr(self):
@@ -107,10 +104,10 @@ class TorchOptimizer:
             group["lr"] = value
 
     def step(self):
-        self.result = self.owner.inner_step(*self.step_args)
+        self.owner.inner_step()
 
     def zero_grad(self):
-        self.owner.inner_zero_grad(*self.zero_grad_args)
+        self.owner.inner_zero_grad()
 
     def state_dict(self):
         return self.owner.state_dict()

@@ -141,21 +141,14 @@ class DistributedMixin:
         """Synchronize (unless done already, or inside ``skip_synchronize()``), then the
         optimizer's own step; returns what that returns (the closure's loss)."""
         self.device_barrier()
-        self.mt_inner.step_args = () if closure is None else (closure,)
-        self.mt_inner.result = None
-        try:
-            self.mt_optimizer.step()
-        finally:
-            self.mt_inner.step_args = ()
-        return self.mt_inner.result
+        args = () if closure is None else (closure,)
+        result = []
+        self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
+        return result[0] if result else None
 
     def zero_grad(self, set_to_none=True):
         """Zero the gradients (``set_to_none`` as torch's); drops a partial accumulation."""
-        self.mt_inner.zero_grad_args = (set_to_none,)
-        try:
-            self.mt_optimizer.zero_grad()
-        finally:
-            self.mt_inner.zero_grad_args = ()
+        self.mt_optimizer.zero_grad(inner=lambda: self.inner_zero_grad(set_to_none))
 
     def no_sync(self):
         """``with opt.no_sync():`` backward passes inside sum into ``p.grad`` without being
