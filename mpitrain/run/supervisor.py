@@ -15,8 +15,14 @@ A stop signal to the launcher (SIGTERM, SIGUSR1, SIGINT, SIGHUP) is forwarded to
 ranks write a checkpoint at the next step and exit 32 -- and ends the loop. Open MPI's mpirun
 kills the ranks on SIGTERM, so they are sent SIGUSR1 there (the default --preempt-signals has
 it). The job runs in a session of its own, so a Ctrl-C at the terminal reaches it once, through
-here.
+here. Its life is tied to this launcher's: should the launcher die without a word (SIGKILL, out
+of memory), the kernel sends the MPI launcher SIGTERM (Linux's PR_SET_PDEATHSIG), which
+forwards it to the ranks, as a stop signal would be -- a job is never left training
+unsupervised, to race a launcher started again on its checkpoint folder (which the job's lock
+refuses meanwhile, runtime/folder_lock.py).
 """
+import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -131,7 +137,8 @@ class Supervisor:
             self.say("running: " + " ".join(_quote(a) for a in argv))
         try:
             self.job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+                                        stderr=subprocess.PIPE, start_new_session=True,
+                                        preexec_fn=_dies_with(os.getpid()))
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
         lines = []
@@ -164,6 +171,23 @@ class Supervisor:
         while self.stopped is None and time.monotonic() < end:
             time.sleep(min(0.1, end - time.monotonic()))
         return self.stopped is not None
+
+
+PR_SET_PDEATHSIG = 1          # <linux/prctl.h>
+
+
+def _dies_with(parent):
+    """The ``preexec_fn`` tying a child to ``parent`` (this launcher): SIGTERM when it dies.
+    Linux only (prctl); elsewhere None, and the job outlives a launcher killed with SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def tie():                       # in the child, between fork and exec
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:   # the launcher died before the tie held
+            os.kill(os.getpid(), signal.SIGTERM)
+    return tie
 
 
 class BelowMinimum(Exception):

@@ -17,7 +17,11 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
-def write(path, writer, mode="wb", prefix=".tmp-", suffix=".part"):
+TEMP_PREFIX = ".tmp-"      # every temp file's name starts so (runtime/folder_lock.py clears
+                           # those a killed writer left behind)
+
+
+def write(path, writer, mode="wb", prefix=TEMP_PREFIX, suffix=".part"):
     """Atomically create ``path`` with ``writer(f)`` on a file opened in ``mode``; the path."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))

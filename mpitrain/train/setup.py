@@ -22,7 +22,7 @@ from mpitrain.nn import models
 from mpitrain.parallel.broadcast import broadcast_optimizer_state, broadcast_parameters
 from mpitrain.parallel.gradients import Compression
 from mpitrain.parallel.optimizer import DistributedOptimizer
-from mpitrain.runtime import env, threads
+from mpitrain.runtime import env, folder_lock, threads
 from mpitrain.runtime.errors import DataError, Interrupted, UsageError, one_line
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train import tensorboard
@@ -258,11 +258,11 @@ def run(config):
         # A bad MPITRAIN_* setting (the same ValueError on every rank) or settings that differ
         # across ranks (CollectiveError on every rank): bad input, not a crash.
         raise UsageError(str(exc)) from None
-    trainer = None
+    trainer = lock = None
     # --preempt-signals: noted from here on, acted on after the next step (preempt.py)
     signals = Signals(config.preempt_signals).install()
     try:
-        trainer, outputs = _start(config, signals)
+        trainer, outputs, lock = _start(config, signals)
         # --timeline / MPITRAIN_TIMELINE records per-rank spans (mpitrain/timeline/); the same
         # on every rank.
         trace = timeline.activate(timeline.Timeline(config.timeline or None, trainer.rank))
@@ -277,13 +277,15 @@ def run(config):
         raise Interrupted(*reached, config.checkpoint_dir) from None
     finally:
         signals.restore()
+        if lock is not None:
+            lock.release()
     return summary
 
 
 def _start(config, signals=None):
     """Everything before the first step, on every rank: threads, the launch agreement, backend,
-    data, model, optimizer, the checkpoint to resume, rank 0's state everywhere and the header.
-    Returns (trainer, outputs)."""
+    data, model, optimizer, the checkpoint to resume, rank 0's state everywhere, the checkpoint
+    folder's lock and the header. Returns (trainer, outputs, the lock or None)."""
     rank, size = comm.rank(), comm.size()
     config = _per_rank_batch(config, size)
     # --deterministic: BLAS results depend on the thread count (OpenBLAS splits some GEMMs
@@ -315,7 +317,8 @@ def _start(config, signals=None):
         # before the first step, ranks that disagree were given different input
         raise UsageError(str(exc)) from None
 
-    # From here on the job is valid: files may be written.
+    # From here on the job is valid: files may be written, by this job alone.
+    lock = _agree(_lock_folder, config, rank)
     outputs.open_metrics(config.metrics_json, append=checkpoint is not None)
     outputs.open_tensorboard(config.tensorboard)
     if rank == 0:
@@ -330,7 +333,16 @@ def _start(config, signals=None):
             print(f"mpitrain: resumed from {checkpoint['path']} at step {trainer.step}"
                   if checkpoint else f"mpitrain: no checkpoint in {config.checkpoint_dir}; "
                                      f"starting at step 0", flush=True)
-    return trainer, outputs
+    return trainer, outputs, lock
+
+
+def _lock_folder(config, rank):
+    """Rank 0: --checkpoint-dir's lock (runtime/folder_lock.py), held to the end of the job: a
+    second job on the folder is refused (UsageError), the temporary files of a writer killed
+    mid-write are removed. None on the other ranks and without --checkpoint-dir."""
+    if rank != 0 or not config.checkpoint_dir:
+        return None
+    return folder_lock.acquire(config.checkpoint_dir)
 
 
 def _per_rank_batch(config, size):
