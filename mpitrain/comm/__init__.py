@@ -32,6 +32,7 @@ from mpitrain.comm.handles import ordered as run_ordered
 from mpitrain.comm.join import join
 from mpitrain.comm.ops import on_device
 from mpitrain.comm.overlap import BucketAllreduce
+from mpitrain.comm.ring import chunk_bounds
 from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         process_sets, remove_process_set, world_of)
 from mpitrain.comm.settings import CommSettings, fusion_threshold_from_env
@@ -46,7 +47,8 @@ __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgathe
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allreduce_flat",
            "alltoall", "alltoall_async", "Average", "barrier", "broadcast", "broadcast_",
            "broadcast_async", "broadcast_async_", "broadcast_object", "bucket_allreduce",
-           "BucketAllreduce", "check_threshold", "CollectiveError", "comm", "CommSettings",
+           "BucketAllreduce", "check_threshold", "chunk_bounds", "CollectiveError", "comm",
+           "CommSettings",
            "cross_rank", "cross_size", "cuda_built", "DEFAULT_THRESHOLD_BYTES", "exit_now",
            "format_groups", "fusion_threshold", "fusion_threshold_from_env", "global_process_set",
            "group", "group_size", "grouped_allreduce", "INLINE_BYTES", "grouped_allreduce_",

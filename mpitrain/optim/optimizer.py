@@ -52,6 +52,7 @@ class Optimizer:
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
+        self.trained = self.params      # whose gradients zero_grad clears (restrict keeps it)
         if not lr >= 0:
             raise ValueError(f"learning rate must be >= 0, got {lr!r}")
         self.lr = float(lr)
@@ -64,9 +65,22 @@ class Optimizer:
     def _active_buffers(self):
         return self._buffers
 
+    def restrict(self, pieces, owners):
+        """Update only ``pieces`` from now on (optimizer-state sharding, parallel/sharded.py):
+        Parameter-like views (``.data``, ``.grad``, ``.kernels``) of parts of the parameters,
+        ``owners[j]`` the index of the parameter piece j belongs to. The state is made anew
+        for the pieces alone (zeros, as at construction: call it before the first step), and
+        each piece takes its parameter's weight-decay flag; every update is elementwise, so a
+        piece steps to the bits its part of the whole parameter would. ``zero_grad`` still
+        clears every parameter's gradient."""
+        self.no_decay = self.no_decay[np.asarray(owners, np.int64)].astype(np.uint8)
+        self.params = list(pieces)
+        self.state = {name: [self.kernels.zeros(p.data.shape, p.data.dtype)
+                             for p in self.params] for name in self._active_buffers()}
+
     def zero_grad(self):
         """Mark every parameter's gradient as zero (lazily: see Parameter.zero_grad)."""
-        for p in self.params:
+        for p in self.trained:
             p.zero_grad()
 
     def state_dict(self):

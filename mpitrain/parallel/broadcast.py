@@ -75,8 +75,12 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_pr
 
     The root's state layout travels first (as an object), so ranks whose state differs in shape
     or keys (a fresh optimizer vs a loaded one) still end up identical instead of mismatching.
+    A sharded DistributedOptimizer (``sharding="optimizer"``) holds a slice of the state: the
+    root's whole state (``checkpoint_state``, collective) travels, and each rank keeps its
+    slice of it (``load_checkpoint_state``).
     """
-    state = optimizer.state_dict()
+    sharded = getattr(optimizer, "sharding", "none") != "none"
+    state = optimizer.checkpoint_state() if sharded else optimizer.state_dict()
     arrays = {k: (v.shape, v.dtype.str) for k, v in state.items() if isinstance(v, np.ndarray)}
     values = {k: v for k, v in state.items() if k not in arrays}
     arrays, values = comm.broadcast_object((arrays, values), root_rank=root_rank,
@@ -89,4 +93,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_pr
         new[k] = np.ascontiguousarray(mine) if ok else np.zeros(shape, dtype)
         comm.broadcast_(new[k], root_rank, name=f"broadcast_optimizer_state.{k}",
                                process_set=process_set)
-    optimizer.load_state_dict(new)
+    if sharded:
+        optimizer.load_checkpoint_state(new)
+    else:
+        optimizer.load_state_dict(new)

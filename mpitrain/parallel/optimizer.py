@@ -1,5 +1,6 @@
 """DistributedOptimizer: the facade. It validates its arguments, picks one strategy at
-construction -- gradients.py (Horovod), weights.py (PNNL) or deterministic.py -- and delegates
+construction -- gradients.py (Horovod), weights.py (PNNL), deterministic.py or sharded.py
+(optimizer-state sharding) -- and delegates
 the backward hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes no MPI calls of its
 own. Its public surface is Horovod's (docs/byo_loop.md).
 """
@@ -13,6 +14,7 @@ from mpitrain import comm
 from mpitrain.parallel.deterministic import DeterministicGradients, check_arguments
 from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
                                          is_compressor)
+from mpitrain.parallel import sharded
 from mpitrain.parallel.weights import WeightAveraging, average_weights
 
 AVERAGE_MODES = ("gradients", "weights")
@@ -46,6 +48,13 @@ class DistributedOptimizer:
     (autotune.py) tries other thresholds and ring/MPI on the first steps and keeps the fastest.
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
 
+    ``sharding``: "none", or "optimizer" (sharded.py, ZeRO stage 1): each rank keeps the
+    optimizer state of its 1/N slice of the flat parameters and steps that slice, then the
+    slices are allgathered; the parameters are the unsharded run's, bit for bit, and a
+    checkpoint holds the unsharded state (it loads at any N). "gradients" and "parameters"
+    are refused for now, as are weights mode, deterministic mode and device parameters.
+    ``memory_bytes()`` says what this rank holds.
+
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
     whose gradients are summed locally (scale the loss by 1/k for their mean) and averaged once,
     during the k-th pass. ``step()`` at another count raises ValueError (on every rank in
@@ -58,7 +67,8 @@ class DistributedOptimizer:
                  op=comm.Average, gradient_predivide_factor=1.0, average="gradients",
                  average_every=1, fusion_threshold_bytes=None, overlap=True,
                  backward_passes_per_step=1,
-                 process_set=comm.global_process_set, deterministic=False, clip_grad_norm=None):
+                 process_set=comm.global_process_set, deterministic=False, clip_grad_norm=None,
+                 sharding="none"):
         if op not in (comm.Average, comm.Sum):
             raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
         if average not in AVERAGE_MODES:
@@ -88,12 +98,15 @@ class DistributedOptimizer:
         if deterministic:
             check_arguments(average, compression, gradient_predivide_factor,
                             backward_passes_per_step, process_set)
+        sharded.check_arguments(sharding, average, deterministic, optimizer.params)
+        self.sharding = sharding
         self.overlap = bool(overlap)
         self.process_set = process_set    # whose ranks average (others: ValueError at the step)
         default = (OVERLAP_BUCKET_BYTES if self.overlap and average == "gradients"
                    else comm.DEFAULT_THRESHOLD_BYTES)
         self.fusion_threshold_bytes = comm.fusion_threshold(fusion_threshold_bytes, default)
         self.optimizer = optimizer
+        self.parameters = list(optimizer.params)
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
         self.op = op
@@ -109,6 +122,8 @@ class DistributedOptimizer:
         # the one strategy, for the optimizer's life
         if self.deterministic:
             self.strategy = DeterministicGradients(self)
+        elif sharding == "optimizer":
+            self.strategy = sharded.OptimizerSharding(self)
         elif average == "weights":
             self.strategy = WeightAveraging(self)
         else:
@@ -117,7 +132,9 @@ class DistributedOptimizer:
     # -- the inner optimizer's surface --
     @property
     def params(self):
-        return self.optimizer.params
+        """Every parameter averaged, in the inner optimizer's order as it was wrapped (a
+        sharded inner optimizer then steps pieces of them only)."""
+        return self.parameters
 
     @property
     def lr(self):
@@ -144,6 +161,15 @@ class DistributedOptimizer:
 
     def load_state_dict(self, state):
         self.optimizer.load_state_dict(state)
+
+    def load_checkpoint_state(self, state):
+        """Load what ``checkpoint_state`` returned (of a run at any N): the one way a
+        checkpoint's optimizer state comes back (mt.checkpoint.load_latest, the CLI)."""
+        self.strategy.load_checkpoint_state(state)
+
+    def memory_bytes(self):
+        """The bytes this rank holds: {"parameters", "gradients", "optimizer_state"}."""
+        return self.strategy.memory_bytes()
 
     # -- averaging --
     def backward_hook(self, params):
@@ -220,6 +246,7 @@ class DistributedOptimizer:
                 f"overlap={self.overlap}, "
                 f"backward_passes_per_step={self.backward_passes_per_step}"
                 + (", deterministic=True" if self.deterministic else "")
+                + (f", sharding={self.sharding!r}" if self.sharding != "none" else "")
                 + (f", clip_grad_norm={self.clip_grad_norm}" if self.clip_grad_norm else "")
                 + ")")
 

@@ -90,6 +90,20 @@ class Strategy:
         """The one optimizer state a checkpoint holds (collective where ranks differ)."""
         return self.opt.optimizer.state_dict()
 
+    def load_checkpoint_state(self, state):
+        """Load a state ``checkpoint_state`` returned (at any N) into the inner optimizer."""
+        self.opt.optimizer.load_state_dict(state)
+
+    def memory_bytes(self):
+        """The bytes this rank holds for the parameters, their gradients (one of each
+        parameter's size) and the inner optimizer's state (host or device arrays alike)."""
+        params = self.opt.params
+        state = getattr(self.opt.optimizer, "state", {})
+        held = sum(int(p.data.nbytes) for p in params)
+        return {"parameters": held, "gradients": held,
+                "optimizer_state": sum(int(a.nbytes) for arrays in state.values()
+                                       for a in arrays)}
+
     def agree(self, kind, fields, error, ordered=False, flags=None, digest=None, used=None):
         """The step's agreement (comm.agree), carrying the step's report (report.py): the
         ``flags``, the parameters' ``digest`` (CollectiveError on every rank where replicas

@@ -147,6 +147,7 @@ def configure(threads=0, local_size=None):
     from mpitrain.kernels.cpu import conv as cpu_conv
 
     global _exported, _configured
+    user_omp_threads()          # whose OMP_NUM_THREADS it is, read before it is overwritten
     n = resolve(threads, local_size)
     _exported = str(n)
     for key in _ENV_VARS:

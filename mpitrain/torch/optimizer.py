@@ -183,7 +183,8 @@ class DistributedMixin:
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=comm.Average,
                          gradient_predivide_factor=1.0, process_set=comm.global_process_set,
-                         sparse_as_dense=False, overlap=True, fusion_threshold_bytes=None):
+                         sparse_as_dense=False, overlap=True, fusion_threshold_bytes=None,
+                         sharding="none"):
     """Wrap a ``torch.optim.Optimizer`` so that N replicas train as one model.
 
     The result is an instance of a subclass of the optimizer's class sharing its param_groups
@@ -194,6 +195,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``step()``), ``fusion_threshold_bytes`` (bucket size; default 4 MiB, or
     MPITRAIN_FUSION_THRESHOLD).
     """
+    if sharding != "none":
+        raise ValueError(f"sharding={sharding!r}: mpitrain.torch does not shard optimizer "
+                         f"state yet (mpitrain's own optimizers do: mt.DistributedOptimizer)")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")

@@ -366,7 +366,10 @@ def load_latest(directory, model, optimizer):
         what = "model"
         model.load_state_dict(params)
         what = "optimizer"
-        inner.load_state_dict(optimizer_state)
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer.load_checkpoint_state(optimizer_state)     # its strategy's slice
+        else:
+            inner.load_state_dict(optimizer_state)
     except (ValueError, TypeError, KeyError) as exc:
         error = f"{path} does not fit this {what}: {one_line(exc)}"
     # every rank loads the same data, but a rank whose model differs must not raise alone

@@ -23,6 +23,7 @@ from mpitrain.data.locate import env_data_dir
 from mpitrain.nn import models
 from mpitrain.optim import SCHEDULES
 from mpitrain.parallel.optimizer import AVERAGE_MODES
+from mpitrain.parallel.sharded import SHARDINGS, check_mode as check_sharding
 from mpitrain.runtime import env
 from mpitrain.runtime import threads as thread_budget
 from mpitrain.runtime.errors import UsageError
@@ -149,6 +150,9 @@ class Config:
                                      "weights every --average-every steps (PNNL)",
                         choices=AVERAGE_MODES)
     average_every: int = _opt(1, "steps between weight averages (--average weights)")
+    sharding: str = _opt("none", "split across ranks: optimizer = each rank keeps and steps "
+                                 "the optimizer state of 1/N of the parameters (same bits; "
+                                 "gradients and parameters: not yet)", choices=SHARDINGS)
     fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
     fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
                                                        "allreduce per tensor; default 4 MiB "
@@ -295,6 +299,13 @@ class Config:
         if self.clip_grad_norm is not None and self.average == "weights":
             raise UsageError("--clip-grad-norm clips averaged gradients; it does not apply to "
                              "--average weights")
+        try:
+            check_sharding(self.sharding, self.average, self.deterministic)
+        except ValueError as exc:
+            raise UsageError(f"--sharding {self.sharding}: {exc}") from None
+        if self.sharding != "none" and self.device != "cpu":
+            raise UsageError(f"--sharding {self.sharding}: device parameters are not sharded "
+                             f"yet (--device cpu)")
 
     def _validate_deterministic(self):
         """--deterministic against the flags it cannot keep its promise with (the checks that

@@ -90,7 +90,7 @@ class Trainer:
                                   f"({_describe(written)}, this data has {_describe(mine)})")
         try:
             self.model.load_state_dict(checkpoint["params"])
-            self.optimizer.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.optimizer.load_checkpoint_state(checkpoint["optimizer"])
         except (ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{path} does not fit this model: {one_line(exc)}") from None
         if meta["epoch_position_samples"] > len(self.train_set):

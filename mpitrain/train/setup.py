@@ -183,7 +183,8 @@ def _build_optimizer(config, model, lr):
                                 average=config.average, average_every=config.average_every,
                                 fusion_threshold_bytes=config.fusion_threshold_bytes,
                                 overlap=config.overlap, clip_grad_norm=config.clip_grad_norm,
-                                backward_passes_per_step=passes, **exact)
+                                backward_passes_per_step=passes, sharding=config.sharding,
+                                **exact)
 
 
 def _read_checkpoint(config):

@@ -41,7 +41,8 @@ def restore_threads():
         threads._set_blas_threads(saved_blas)
 
 
-def test_configure_resizes_running_pools_and_exports_env(restore_threads):
+def test_configure_resizes_running_pools_and_exports_env(restore_threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)      # no user setting: the default
     assert threads.configure(1) == 1
     assert numba.get_num_threads() == 1
     assert threads.blas_threads() in (1, None)  # None only without a known BLAS

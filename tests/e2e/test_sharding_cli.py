@@ -1,0 +1,37 @@
+"""``python -m mpitrain --sharding optimizer``: the parameters of the unsharded run, bit for bit,
+at N = 2 and 3; a sharded job's checkpoint holds the unsharded state, so an unsharded job resumes
+from it to the uninterrupted run's bits, and a sharded job on another N resumes from it too."""
+import numpy as np
+import pytest
+
+from tests.support.launch import load_npz, run_mpitrain
+
+TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
+        "--batch-size", "8", "--no-progress", "--optimizer", "adam", "--lr", "0.01",
+        "--steps", "12"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sharded_run_ends_on_the_unsharded_bits(tmp_path, n):
+    for sharding in ("optimizer", "none"):
+        run_mpitrain(n, [*TINY, "--sharding", sharding, "--save", f"{sharding}.npz"], tmp_path)
+    sharded, whole = load_npz(tmp_path / "optimizer.npz"), load_npz(tmp_path / "none.npz")
+    assert sharded.keys() == whole.keys()
+    for key in whole:
+        assert sharded[key].tobytes() == whole[key].tobytes(), key
+
+
+def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path):
+    ck = ["--checkpoint-dir", "ck", "--checkpoint-every", "6"]
+    run_mpitrain(3, [*TINY, "--sharding", "optimizer", *ck, "--save", "whole.npz"], tmp_path)
+    # the run again from its step-6 checkpoint, unsharded: the same 6 last steps
+    (tmp_path / "ck" / "ckpt-00000012.npz").unlink()
+    run_mpitrain(3, [*TINY, "--sharding", "none", *ck, "--resume", "--save", "resumed.npz"],
+                 tmp_path)
+    resumed, whole = load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz")
+    for key in whole:
+        assert resumed[key].tobytes() == whole[key].tobytes(), key
+    # and on two ranks, sharded: it loads its slices of the same state and trains on
+    run_mpitrain(2, [*TINY, "--steps", "14", "--sharding", "optimizer", *ck, "--resume",
+                     "--save", "other_n.npz"], tmp_path)
+    assert all(np.isfinite(v).all() for v in load_npz(tmp_path / "other_n.npz").values())
