@@ -7,8 +7,8 @@ sdist, and none of its code is kept in this repository). Without it this prints 
 exits 0: nothing to run. Each test runs alone, ``mpiexec -n N python -m pytest -p horovod_shim
 <file>::TorchTests::<test>`` under a timeout, for each N: in one job the first failing test
 would leave the ranks out of step for every later one. horovod_shim.py makes ``horovod.torch``
-mpitrain.torch. The tests listed in OUT_OF_SCOPE (docs/pytorch.md, "Horovod's own test suite")
-are not run. A test passes when it passes on every rank, is skipped when no rank fails and some
+mpitrain.torch. The tests listed in OUT_OF_SCOPE, and in OUT_OF_SCOPE_AT at the sizes given
+there (docs/pytorch.md, "Horovod's own test suite"), are not run. A test passes when it passes on every rank, is skipped when no rank fails and some
 skip; anything else (a failure on any rank, a non-zero exit, the timeout) is a failure.
 Prints the counts per N and the failures; exits 1 when any test failed.
 """
@@ -35,6 +35,18 @@ OUT_OF_SCOPE = {
     "test_horovod_allgather_duplicate_name_error": ORDER,
     "test_horovod_broadcast_duplicate_name_error": ORDER,
     "test_horovod_reducescatter_duplicate_name_error": ORDER,
+}
+# Tests whose expected values, at some numbers of ranks only, are not what Horovod's own
+# arithmetic gives: {name: (sizes, why)}.
+PRESCALE = ("at N = 3 it expects 3 x a float16 value, unrounded, from a float16 sum: no "
+            "float16 result equals it")
+OUT_OF_SCOPE_AT = {
+    "test_horovod_allreduce_prescale": ({3}, PRESCALE),
+    "test_horovod_reducescatter_prescale": ({3}, PRESCALE),
+    "test_horovod_grouped_reducescatter_prescale": ({3}, PRESCALE),
+    "test_horovod_join_allreduce": ({1, 3}, "at N = 1 it expects join() to return a rank other "
+                                            "than the only one; at N = 3 a float32 division by "
+                                            "3 where Horovod multiplies by the float32 1/3"),
 }
 
 
@@ -99,7 +111,10 @@ def main(argv=None):
     failed_any = False
     for size in [int(s) for s in args.sizes.split(",")]:
         counts, failures = {"passed": 0, "failed": 0, "skipped": 0}, []
+        skipped_here = [n for n in names if size in OUT_OF_SCOPE_AT.get(n, ((),))[0]]
         for name in names:
+            if name in skipped_here:
+                continue
             result, output = run_one(source, name, size, args.timeout, mpiexec)
             counts[result] += 1
             if result == "failed":
@@ -109,7 +124,8 @@ def main(argv=None):
                     log.flush()
         failed_any = failed_any or bool(failures)
         print(f"N={size}: {counts['passed']} passed, {counts['failed']} failed, "
-              f"{counts['skipped']} skipped ({len(OUT_OF_SCOPE)} out of scope, not run)",
+              f"{counts['skipped']} skipped ({len(OUT_OF_SCOPE) + len(skipped_here)} out of "
+              f"scope, not run)",
               flush=True)
         for name in failures:
             print(f"  failed: {name}", flush=True)
