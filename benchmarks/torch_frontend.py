@@ -94,12 +94,14 @@ def inputs(name, batch):
 
 def step_times(runs, name, batch, warmup, steps):
     """Median seconds of zero_grad + forward + backward (+ clipping for the GPT) + step for
-    each (model, optimizer) of ``runs``, whose steps alternate (a load change on the machine
-    hits all of them alike)."""
+    each (model, optimizer) of ``runs``, whose steps alternate, in reversed order every other
+    round (a load change on the machine hits all of them alike), each after a barrier."""
     x, y = inputs(name, BATCH.get(name, batch))
     times = [[] for _ in runs]
     for i in range(warmup + steps):
-        for (model, opt), kept in zip(runs, times):
+        order = list(zip(runs, times))
+        for (model, opt), kept in (order if i % 2 == 0 else order[::-1]):
+            hvd.barrier()       # no rank starts a step behind: skew is no run's cost
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             if name == "gpt":

@@ -2,8 +2,8 @@
 
 ``GradientAveraging`` is the strategy DistributedOptimizer picks for ``average="gradients"``.
 Its paths, chosen per step in one place (``average``):
-- overlapped: with ``overlap=True``, host arrays and several ranks, ``backward_hook`` fills fixed
-  buckets (reverse layer order, ``fusion_threshold_bytes`` each) whose allreduces run on the
+- overlapped: with ``overlap=True``, host arrays, several ranks and more than one bucket's worth
+  of gradients, ``backward_hook`` fills fixed buckets (reverse layer order, ``fusion_threshold_bytes`` each) whose allreduces run on the
   comm thread during backward; ``synchronize()`` waits for them (comm/overlap.py);
 - fused: otherwise every gradient at ``synchronize()``, through the fusion buffer
   (``grouped_allreduce_``); a built-in compression (``Compression.fp16``) casts into persistent
@@ -84,6 +84,7 @@ class GradientAveraging(Strategy):
         super().__init__(opt)
         self.wire = None  # fp16 buffers, allocated at the first synchronize
         self.replicas_checked = False   # the first step compares the parameters' digests
+        self.one_bucket = False         # every gradient fits one bucket: no overlap to gain
         # MPITRAIN_AUTOTUNE=1: the first steps try thresholds and paths (autotune.py)
         self.autotuner = None
         ps = opt.process_set
@@ -95,7 +96,7 @@ class GradientAveraging(Strategy):
                 self.set_fusion_threshold)
 
     def bucket_allreduce(self):
-        if self.buckets is not None:
+        if self.buckets is not None or self.one_bucket:
             return self.buckets
         opt = self.opt
         if (not opt.overlap or opt.process_set.size() == 1
@@ -104,11 +105,18 @@ class GradientAveraging(Strategy):
             return None
         # shapes from .data: reading a stale .grad would zero-fill it (see Parameter)
         grads = [p.data for p in reversed(opt.params)]
+        wire = [opt.compression.wire_dtype(g.dtype) for g in grads]
+        if (len(set(wire)) == 1 and 0 < opt.fusion_threshold_bytes
+                and sum(g.size for g in grads) * wire[0].itemsize <= opt.fusion_threshold_bytes):
+            # one bucket, complete with backward's last gradient: nothing to overlap, and the
+            # fused path at synchronize() skips the comm thread's hand-offs
+            self.one_bucket = True
+            return None
         f = opt.gradient_predivide_factor
         self.buckets = comm.bucket_allreduce(
             opt.process_set, [(tuple(g.shape), g.dtype) for g in grads],
             opt.fusion_threshold_bytes, opt.op, 1.0 / f, f, "DistributedOptimizer.gradients",
-            wire_dtypes=[opt.compression.wire_dtype(g.dtype) for g in grads])
+            wire_dtypes=wire)
         return self.buckets
 
     def synchronize(self, flags=None):
@@ -145,6 +153,10 @@ class GradientAveraging(Strategy):
             raise ValueError(error)
         self.synchronized = True
         return agreed
+
+    def set_fusion_threshold(self, threshold_bytes):
+        super().set_fusion_threshold(threshold_bytes)
+        self.one_bucket = False
 
     def step(self, skip, flags=None, update=None):
         agreed = super().step(skip, flags, update)
