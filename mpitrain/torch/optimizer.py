@@ -25,9 +25,13 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
 - the first average compares a digest of every rank's parameters and raises on every rank
   where they differ (``broadcast_parameters`` forgotten);
 - join (``hvd.join()``), process sets, ``Compression.fp16`` (cast in the buckets) and the stall
-  watchdog are mpitrain's.
+  watchdog are mpitrain's; on a rank outside ``process_set`` the optimizer registers no hooks
+  and steps on its own gradients (Horovod's behaviour);
+- ``step()`` after a ``synchronize()`` of the caller's, outside ``skip_synchronize()``, warns as
+  Horovod does (the average is not run twice).
 """
 import contextlib
+import warnings
 
 import torch
 from torch.autograd import Variable
@@ -79,23 +83,28 @@ class DistributedMixin:
                                  f"float32 parameters (torch.autocast computes in bfloat16)")
         adapters = [TorchParameter(p, names[id(p)], sparse_as_dense) for p in params]
         self.mt_inner = TorchOptimizer(self, adapters)
+        self.compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.process_set = process_set
+        self.on_device = any(p.is_cuda for p in params)
+        self.end_queued = False      # the end-of-backward average is queued for this pass
+        self.called_synchronize = False   # the caller's own synchronize() since the last step
+        self.skipping = False             # inside skip_synchronize()
+        self.mt_hooks = []
+        self.mt_optimizer = None     # None on a rank outside process_set: it steps alone
         if not is_compression(compression):
             raise ValueError(f"compression {compression!r}: expected Compression.none, "
                              f".fp16 or an object with compress(tensor) -> (tensor, ctx) and "
                              f"decompress(tensor, ctx) -> tensor")
         wire = builtin(compression)
+        if process_set.included() is False:
+            return
         self.mt_optimizer = ArrayDistributedOptimizer(
             self.mt_inner, named_parameters=[(a.name, a) for a in adapters],
             compression=wire if wire is not None else TensorCompressor(compression),
             op=op, gradient_predivide_factor=gradient_predivide_factor,
             backward_passes_per_step=backward_passes_per_step, process_set=process_set,
             overlap=overlap, fusion_threshold_bytes=fusion_threshold_bytes)
-        self.compression = compression
-        self.backward_passes_per_step = backward_passes_per_step
-        self.process_set = process_set
-        self.on_device = any(p.is_cuda for p in params)
-        self.end_queued = False      # the end-of-backward average is queued for this pass
-        self.mt_hooks = []
         for p, a in zip(params, adapters):
             previous = getattr(p, HOOK_ATTRIBUTE, None)
             if previous is not None:
@@ -118,41 +127,68 @@ class DistributedMixin:
         """Autograd's engine, as the backward pass ends: average now (DDP's moment)."""
         self.end_queued = False
         if self.mt_optimizer.passes_complete():
-            self.synchronize()
+            self.average()
 
-    # -- Horovod's surface -------------------------------------------------------------------
-    def synchronize(self):
-        """Average every gradient across ranks now (waits for the buckets backward started),
-        in place in ``p.grad``; then check the count of backward passes on every rank. Nothing
-        to do when the end of backward did it already."""
+    def average(self):
+        """Average every gradient in place now, unless that is done already."""
         if self.mt_optimizer.synchronized:
             return
         self.device_barrier()
         self.mt_optimizer.synchronize()
         self.device_barrier()
 
+    # -- Horovod's surface -------------------------------------------------------------------
+    def synchronize(self):
+        """Average every gradient across ranks now (waits for the buckets backward started),
+        in place in ``p.grad``; then check the count of backward passes on every rank. Nothing
+        to do when the end of backward did it already."""
+        if self.mt_optimizer is None:
+            return
+        self.average()
+        self.called_synchronize = True
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """``step()`` inside this block does not synchronize (call ``synchronize()`` first)."""
-        with self.mt_optimizer.skip_synchronize():
+        if self.mt_optimizer is None:
             yield
+            return
+        self.skipping = True
+        try:
+            with self.mt_optimizer.skip_synchronize():
+                yield
+        finally:
+            self.skipping = False
 
     def step(self, closure=None):
         """Synchronize (unless done already, or inside ``skip_synchronize()``), then the
         optimizer's own step; returns what that returns (the closure's loss)."""
-        self.device_barrier()
         args = () if closure is None else (closure,)
+        if self.mt_optimizer is None:
+            return self.inner_step(*args)
+        if self.called_synchronize and not self.skipping:
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                          "context after optimizer.synchronize(). This can cause training "
+                          "slowdown. You may want to consider using "
+                          "optimizer.skip_synchronize() context if you use "
+                          "optimizer.synchronize() in your code.")
+        self.called_synchronize = False
+        self.device_barrier()
         result = []
         self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
         return result[0] if result else None
 
     def zero_grad(self, set_to_none=True):
         """Zero the gradients (``set_to_none`` as torch's); drops a partial accumulation."""
+        if self.mt_optimizer is None:
+            return self.inner_zero_grad(set_to_none)
         self.mt_optimizer.zero_grad(inner=lambda: self.inner_zero_grad(set_to_none))
 
     def no_sync(self):
         """``with opt.no_sync():`` backward passes inside sum into ``p.grad`` without being
         averaged or counted; the next pass outside averages them all (PyTorch DDP's idiom)."""
+        if self.mt_optimizer is None:
+            return contextlib.nullcontext()
         return self.mt_optimizer.no_sync()
 
     def set_backward_passes_per_step(self, passes):

@@ -380,3 +380,55 @@ def test_join_with_uneven_batches():
             for p, g in zip(reference.parameters(), grads):
                 p -= lr * g
     assert_close_to(model, reference)
+
+
+def test_step_after_the_callers_synchronize_outside_skip_synchronize_warns():
+    import warnings
+    n, r = hvd.size(), hvd.rank()
+    model = cnn()
+    opt = hvd.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+
+    def backward():
+        x, y = shard(*batch(0, n), r, n)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="without optimizer.skip_synchronize"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # neither the idiom nor a plain step warns
+        backward()
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step()
+        backward()
+        opt.step()
+    assert_replicas_bitwise_equal(model)
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="a rank outside the set needs two ranks")
+def test_a_rank_outside_the_optimizers_process_set_steps_alone():
+    n, r = hvd.size(), hvd.rank()
+    evens = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    try:
+        model = cnn()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        before = flat(model).clone()
+        opt = hvd.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=evens)
+        for step in range(STEPS):
+            x, y = shard(*batch(step, n), r, n)       # every rank its own shard
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        assert not torch.equal(flat(model), before)
+        rows = hvd.allgather(flat(model)[None])
+        inside = [rows[k] for k in range(0, n, 2)]
+        assert all(torch.equal(inside[0], row) for row in inside)     # one model in the set
+        assert not torch.equal(rows[0], rows[1])                      # rank 1 stepped alone
+    finally:
+        hvd.remove_process_set(evens)
