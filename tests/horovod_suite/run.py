@@ -54,7 +54,7 @@ DIFFERENT_REPLICAS = ("it steps replicas that start from different parameters, w
                       "first step refuses on every rank (DDP broadcasts; Horovod lets them "
                       "train apart)")
 for _name in ("test_broadcast_state", "test_broadcast_state_options",
-              "test_dynamic_requires_grad", "test_optimizer_no_named_parameters"):
+              "test_dynamic_requires_grad", "test_no_named_parameters"):
     OUT_OF_SCOPE_AT.setdefault(_name, ({2, 3}, DIFFERENT_REPLICAS))
 OUT_OF_SCOPE["test_sparse_embeddings"] = ("a sparse gradient needs sparse_as_dense=True "
                                           "in mpitrain.torch")
