@@ -180,10 +180,17 @@ def test_step_in_skip_synchronize_with_pending_buckets_is_a_clear_error():
 @pytest.mark.skipif(N == 1, reason="needs two ranks to disagree")
 def test_different_models_on_ranks_raise_collective_error_everywhere():
     model = mt.models.mlp(in_features=20, hidden=(16 + (R == 1),), seed=0)
+    # several buckets: the plan is agreed at the first hook
     opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.1),
-                               model.named_parameters())
+                               model.named_parameters(), fusion_threshold_bytes=256)
     with pytest.raises(mt.CollectiveError, match="differs"):
         opt.backward_hook(model.parameters()[-1:])
+    # one bucket's worth (the fused path at synchronize): the average's own agreement
+    opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.1),
+                               model.named_parameters())
+    opt.backward_hook(model.parameters())
+    with pytest.raises(mt.CollectiveError, match="differs"):
+        opt.synchronize()
 
 
 def test_fusion_threshold_is_a_parameter_or_a_setting(use_settings):
