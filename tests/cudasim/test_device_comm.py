@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mpitrain as mt
-from mpitrain.comm import device, handles, ops, world
+from mpitrain.comm import device, handles, ops, watchdog, world
 from tests.support.comm import settings_stack
 
 HERE = pathlib.Path(__file__).parent
@@ -162,7 +162,7 @@ def test_staging_copies_finish_before_the_host_buffer_is_read_or_reused(dev, mon
 
     monkeypatch.setattr(device, "host_allreduce_flat", host_sum)
     state = types.SimpleNamespace(comm=types.SimpleNamespace(Get_size=lambda: 2),
-                                  device={"transport": "host"})
+                                  device={"transport": "host"}, record=watchdog.Record())
     stream = _ProducerStream()
     a = _ProducerArray(np.arange(1.0, 5.0), stream)                           # (4,)
     b = _ProducerArray(np.full(4, 7.0), stream)                               # (4,)
