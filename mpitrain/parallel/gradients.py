@@ -3,8 +3,9 @@
 ``GradientAveraging`` is the strategy DistributedOptimizer picks for ``average="gradients"``.
 Its paths, chosen per step in one place (``average``):
 - overlapped: with ``overlap=True``, host arrays, several ranks and more than one bucket's worth
-  of gradients, ``backward_hook`` fills fixed buckets (reverse layer order, ``fusion_threshold_bytes`` each) whose allreduces run on the
-  comm thread during backward; ``synchronize()`` waits for them (comm/overlap.py);
+  of gradients, ``backward_hook`` fills fixed buckets (reverse layer order,
+  ``fusion_threshold_bytes`` each) whose allreduces run on the comm thread during backward;
+  ``synchronize()`` waits for them (comm/overlap.py);
 - fused: otherwise every gradient at ``synchronize()``, through the fusion buffer
   (``grouped_allreduce_``); a built-in compression (``Compression.fp16``) casts into persistent
   wire buffers around it;
