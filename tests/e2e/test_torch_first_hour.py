@@ -68,7 +68,8 @@ for edit in ("none", "clip", "scale", "unscale"):
     scaler.step(opt) if edit == "unscale" else opt.step()
     moved = max(float((p.detach() - (b - 0.1 * g)).abs().max())
                 for p, b, g in zip(net.parameters(), before, expected))
-    say(edit, "grad error", "ok" if err < 1e-6 else err, "step error", "ok" if moved < 1e-6 else moved)
+    say(edit, "grad error", "ok" if err < 1e-6 else err,
+        "step error", "ok" if moved < 1e-6 else moved)
 """,
     # a parameter no rank uses, and one that only rank 0 uses
     "unused": """

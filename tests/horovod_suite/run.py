@@ -8,8 +8,8 @@ exits 0: nothing to run. Each test runs alone, ``mpiexec -n N python -m pytest -
 <file>::TorchTests::<test>`` under a timeout, for each N: in one job the first failing test
 would leave the ranks out of step for every later one. horovod_shim.py makes ``horovod.torch``
 mpitrain.torch. The tests listed in OUT_OF_SCOPE, and in OUT_OF_SCOPE_AT at the sizes given
-there (docs/pytorch.md, "Horovod's own test suite"), are not run. A test passes when it passes on every rank, is skipped when no rank fails and some
-skip; anything else (a failure on any rank, a non-zero exit, the timeout) is a failure.
+there (docs/pytorch.md, "Horovod's own test suite"), are not run. A test passes when it
+passes on every rank, is skipped when no rank fails and some skip; anything else (a failure on any rank, a non-zero exit, the timeout) is a failure.
 Prints the counts per N and the failures; exits 1 when any test failed.
 """
 import argparse
