@@ -18,11 +18,22 @@ or, where that cannot be written, ``$XDG_CACHE_HOME/mpitrain/text/<text SHA-256>
 renamed (runtime/atomic.py), tokens before their JSON, so any number of processes may build the
 same cache at once (identical bytes) and a reader never sees half of one.
 
+Streaming. The text is never held whole: it is read CHUNK_BYTES at a time, three times when
+there is no cache yet -- its SHA-256 (the cache's key), the vocabulary and the token count (UTF-8
+decoded incrementally, so a character split across two chunks is one character), then the
+tokens, written after their .npy header chunk by chunk and hashed as they are written. So a
+build holds about 16 x CHUNK_BYTES whatever the text's size, and a reader the pages of the
+windows it reads. A text rewritten between the passes (its _stamp differs, or the count) is a
+DataError rather than tokens of two texts.
+
 The hashes run the first time a process builds a TextDataset of a file (reading the whole text
 and the whole token file). The validated corpus (token memmap, vocabulary, text SHA-256) is then
 kept for the process, so the next TextDataset of the same file, tokens and cache_dir (the CLI's
 "val" after its "train") hashes nothing: it only stats the text and the cache's two files, and
 hashes again when any of them changed (device, inode, size, mtime or ctime differ).
+``cache_record`` hands that validation to another process as plain data and ``adopt_cache``
+takes it where the process sees the very same files (the CLI's ranks on one host: one hashes,
+the others adopt); a record whose files look different there is ignored.
 
 Split. The first 90% of the tokens are "train", the rest "val" (as nanoGPT's prepare.py).
 
@@ -41,7 +52,9 @@ samples, ``len(ds)``.
 No MPI here. Every failure is a DataError (a ValueError): one line naming the file and the
 problem, and nothing half-written left behind.
 """
+import codecs
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -54,14 +67,16 @@ from mpitrain.runtime import atomic
 from mpitrain.runtime.errors import DataError, one_line
 
 __all__ = ["TextDataset", "TOKENIZATIONS", "SPLITS", "locate_text", "window_starts",
-           "MAX_VOCAB"]
+           "MAX_VOCAB", "cache_record", "adopt_cache"]
 
 TOKENIZATIONS = ("chars", "bytes")
 SPLITS = ("train", "val")
 TRAIN_FRACTION = 0.9
 MAX_VOCAB = 65535                       # token ids must fit uint16
 CACHE_FORMAT = 1
-CHUNK_CHARS = 1 << 24                   # characters tokenised at a time (bounds the temp memory)
+CHUNK_BYTES = 1 << 22                   # bytes of text read at a time: bounds the memory a pass
+                                        # holds (about 16x this, its code points and ids)
+CODE_POINTS = 0x110000                  # every Unicode code point
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MASK64 = (1 << 64) - 1
@@ -117,51 +132,121 @@ def _stamp(path):
     return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
 
 
-def _read_source(path):
-    """(the file's bytes, its _stamp taken before reading them)."""
+def _open_source(path):
+    """The text opened for reading (binary), or DataError saying why it cannot be."""
     try:
-        with open(path, "rb") as f:
-            stamp = _stamp(f.fileno())
-            data = f.read()
+        return open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, not a text file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or one_line(e)})") from None
-    if not data:
+
+
+def _chunks(path, f):
+    """The bytes of open file ``f`` from its start, CHUNK_BYTES at a time: the only memory a
+    pass over the text holds. A read error is a DataError (never an OSError, which the cache
+    writer takes for a folder it cannot write)."""
+    f.seek(0)
+    while True:
+        try:
+            chunk = f.read(CHUNK_BYTES)
+        except OSError as e:
+            raise DataError(f"{path}: cannot read ({e.strerror or one_line(e)})") from None
+        if not chunk:
+            return
+        yield chunk
+
+
+def _hash_source(path, f):
+    """SHA-256 of the open text ``f``, streamed; DataError when it is empty."""
+    h, size = hashlib.sha256(), 0
+    for chunk in _chunks(path, f):
+        h.update(chunk)
+        size += len(chunk)
+    if not size:
         raise DataError(f"{path}: is empty")
-    return data, stamp
+    return h.hexdigest()
 
 
-def _tokenize(path, data, tokens):
-    """(uint16 token ids, vocabulary: list of str or None) of the file's bytes ``data``."""
+def _code_points(path, f):
+    """The text's characters as uint32 code points, one array per chunk: UTF-8 decoded
+    incrementally, so a character split across two chunks is decoded whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    position = 0                                        # bytes handed to the decoder so far
+    for chunk in itertools.chain(_chunks(path, f), [None]):
+        pending = len(decoder.getstate()[0])            # bytes of a character begun before
+        try:
+            text = decoder.decode(b"" if chunk is None else chunk, final=chunk is None)
+        except UnicodeDecodeError as e:
+            offset = position - pending + e.start
+            raise DataError(f"{path}: is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+                            f"offset {offset}); use --tokens bytes") from None
+        position += 0 if chunk is None else len(chunk)
+        yield np.frombuffer(text.encode("utf-32-le"), np.uint32)                     # (c,)
+
+
+def _tokenize(path, f, tokens):
+    """First pass over the open text ``f``: (token count, vocabulary: list of str or None)."""
     if tokens == "bytes":
-        return np.frombuffer(data, np.uint8).astype(np.uint16), None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                        f"{e.start}); use --tokens bytes") from None
-    chunks = range(0, len(text), CHUNK_CHARS)
-
-    def code_points(start):
-        return np.frombuffer(text[start:start + CHUNK_CHARS].encode("utf-32-le"), np.uint32)
-
-    vocab = np.unique(np.concatenate([np.unique(code_points(a)) for a in chunks]))   # (V,)
+        return _stamp(f.fileno())[2], None
+    present = np.zeros(CODE_POINTS, bool)               # (0x110000,): characters seen
+    n = 0
+    for cps in _code_points(path, f):
+        present[cps] = True
+        n += len(cps)
+    vocab = np.flatnonzero(present)                                                 # (V,)
     if len(vocab) > MAX_VOCAB:
         raise DataError(f"{path}: has {len(vocab)} distinct characters, more than the "
                         f"{MAX_VOCAB} a uint16 token holds; use --tokens bytes")
-    ids = np.empty(len(text), np.uint16)                                              # (n,)
-    for a in chunks:
-        ids[a:a + CHUNK_CHARS] = np.searchsorted(vocab, code_points(a))
-    return ids, [chr(c) for c in vocab.tolist()]
+    return n, [chr(c) for c in vocab.tolist()]
+
+
+def _token_chunks(path, f, tokens, vocab):
+    """Second pass: the text's uint16 token ids, one array per chunk."""
+    if tokens == "bytes":
+        for chunk in _chunks(path, f):
+            yield np.frombuffer(chunk, np.uint8).astype("<u2")
+        return
+    ids = np.zeros(CODE_POINTS, "<u2")                  # code point -> token id
+    ids[[ord(c) for c in vocab]] = np.arange(len(vocab), dtype="<u2")
+    for cps in _code_points(path, f):
+        yield ids[cps]
+
+
+class _Hashing:
+    """A file that also hashes what is written to it (the token file's SHA-256, without reading
+    back a file of twice the text's size)."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data):
+        self.sha256.update(data)
+        return self.f.write(data)
+
+
+def _write_tokens(out, path, f, tokens, vocab, n, source_stamp):
+    """The .npy of the text's n tokens into ``out``: its header, then the second pass's chunks;
+    DataError when the text is no longer the one hashed and counted (rewritten meanwhile)."""
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": np.lib.format.dtype_to_descr(np.dtype("<u2")), "fortran_order": False,
+              "shape": (n,)})
+    written = 0
+    for ids in _token_chunks(path, f, tokens, vocab):
+        written += len(ids)
+        if written > n:
+            break
+        out.write(ids.tobytes())
+    if written != n or _stamp(f.fileno()) != source_stamp:
+        raise DataError(f"{path}: changed while it was being tokenised; run again")
 
 
 def _sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
             h.update(chunk)
     return h.hexdigest()
 
@@ -171,16 +256,17 @@ def _cache_stamps(folder, tokens):
     return _stamp(folder / f"{tokens}.json"), _stamp(folder / f"{tokens}.npy")
 
 
-def _open_cache(folder, tokens, checksum):
+def _open_cache(folder, tokens, checksum, hashed=True):
     """(memmap uint16 (n,), vocab, _cache_stamps taken before reading) from a valid cache in
-    ``folder``, else None."""
+    ``folder``, else None. ``hashed=False`` skips the token file's SHA-256 (a process that
+    hashed these very files, same _cache_stamps, vouches for it: adopt_cache)."""
     meta_path, ids_path = folder / f"{tokens}.json", folder / f"{tokens}.npy"
     try:
         stamps = _cache_stamps(folder, tokens)
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if (meta.get("format") != CACHE_FORMAT or meta.get("tokens") != tokens
                 or meta.get("source_sha256") != checksum
-                or meta.get("tokens_sha256") != _sha256_file(ids_path)):
+                or (hashed and meta.get("tokens_sha256") != _sha256_file(ids_path))):
             return None
         ids = np.load(ids_path, mmap_mode="r", allow_pickle=False)
         vocab = meta["vocab"]
@@ -194,13 +280,19 @@ def _open_cache(folder, tokens, checksum):
     return ids, vocab, stamps
 
 
-def _write_cache(folder, tokens, checksum, ids, vocab):
-    """Tokens then their JSON, each atomically (identical bytes from every writer)."""
-    ids_path = folder / f"{tokens}.npy"
-    atomic.write(ids_path, lambda f: np.lib.format.write_array(f, ids, allow_pickle=False),
-                 prefix=f".{tokens}.npy.", suffix=".part")
+def _write_cache(folder, tokens, checksum, source, n, vocab):
+    """Tokens (streamed from ``source``: (path, open file, _stamp)) then their JSON, each
+    atomically (identical bytes from every writer)."""
+    out = {}
+
+    def write_tokens(f):
+        out["file"] = _Hashing(f)
+        _write_tokens(out["file"], *source[:2], tokens, vocab, n, source[2])
+
+    atomic.write(folder / f"{tokens}.npy", write_tokens, prefix=f".{tokens}.npy.",
+                 suffix=".part")
     meta = {"format": CACHE_FORMAT, "tokens": tokens, "source_sha256": checksum,
-            "tokens_sha256": _sha256_file(ids_path), "n_tokens": int(len(ids)),
+            "tokens_sha256": out["file"].sha256.hexdigest(), "n_tokens": int(n),
             "vocab_size": 256 if vocab is None else len(vocab), "vocab": vocab}
     text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
     atomic.write(folder / f"{tokens}.json", lambda f: f.write(text.encode("utf-8")),
@@ -215,6 +307,10 @@ def _cache_folders(path, checksum, cache_dir):
 
 # (real path of the text, tokens, cache_dir) -> _Corpus validated by this process
 _VALIDATED = {}
+
+
+def _key(path, tokens, cache_dir):
+    return (os.path.realpath(path), tokens, None if cache_dir is None else os.fspath(cache_dir))
 
 
 class _Corpus:
@@ -241,43 +337,89 @@ class _Corpus:
             return False                # gone or unreadable: let the full path say why
 
 
+def cache_record(path, tokens="chars", cache_dir=None):
+    """What this process validated of ``path``'s token cache, as plain data for another process
+    (``adopt_cache``): the file names, SHA-256s, vocabulary and _stamps -- never the tokens.
+    None when this process has not validated it, or a file changed since."""
+    path = _resolve(path)
+    key = _key(path, tokens, cache_dir)
+    known = _VALIDATED.get(key)
+    if known is None or not known.unchanged(path, tokens, cache_dir):
+        return None
+    return {"key": key, "vocab": known.vocab, "checksum": known.checksum,
+            "source_stamp": known.source_stamp, "folders": [str(p) for p in known.folders],
+            "folder": str(known.folder), "cache_stamps": known.cache_stamps}
+
+
+def adopt_cache(records):
+    """Take the first of ``records`` (cache_record's, or None) whose text and cache files this
+    process sees exactly as the process that hashed them did (same device, inode, size, mtime
+    and ctime: the same files on the same machine): its next TextDataset of that text then
+    hashes nothing. Returns whether one was taken; one that matches nothing is ignored, and
+    the next TextDataset validates the cache itself."""
+    for record in records:
+        if record is None:
+            continue
+        try:
+            realpath, tokens, cache_dir = record["key"]
+            corpus = _Corpus(None, record["vocab"], record["checksum"],
+                             tuple(record["source_stamp"]), [Path(p) for p in record["folders"]],
+                             Path(record["folder"]),
+                             tuple(tuple(s) for s in record["cache_stamps"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not corpus.unchanged(Path(realpath), tokens, cache_dir):
+            continue
+        found = _open_cache(corpus.folder, tokens, corpus.checksum, hashed=False)
+        if found is None or found[2] != corpus.cache_stamps \
+                or (None if found[1] is None else tuple(found[1])) != corpus.vocab:
+            continue
+        corpus.ids = found[0]
+        _VALIDATED[tuple(record["key"])] = corpus
+        return True
+    return False
+
+
 def _load_tokens(path, tokens, cache_dir, check):
     """(memmap uint16 (n,), vocab, checksum): as this process last validated them when no file
-    changed since, else from a valid cache, else tokenised and cached.
+    changed since, else from a valid cache, else tokenised and cached -- the text streamed in
+    chunks (a hash, a pass for the vocabulary and count, a pass writing the tokens), so memory
+    stays flat whatever its size.
     ``check(n_tokens)`` raises before anything is written when the text cannot be used."""
-    key = (os.path.realpath(path), tokens, None if cache_dir is None else os.fspath(cache_dir))
+    key = _key(path, tokens, cache_dir)
     known = _VALIDATED.get(key)
     if known is not None and known.unchanged(path, tokens, cache_dir):
         check(len(known.ids))
         return known.loaded()
-    data, source_stamp = _read_source(path)
-    checksum = hashlib.sha256(data).hexdigest()
-    folders = _cache_folders(path, checksum, cache_dir)
+    with _open_source(path) as f:
+        source_stamp = _stamp(f.fileno())
+        checksum = _hash_source(path, f)
+        folders = _cache_folders(path, checksum, cache_dir)
 
-    def validated(folder, found):
-        ids, vocab, stamps = found
-        _VALIDATED[key] = _Corpus(ids, vocab, checksum, source_stamp, folders, folder, stamps)
-        return _VALIDATED[key].loaded()
+        def validated(folder, found):
+            ids, vocab, stamps = found
+            _VALIDATED[key] = _Corpus(ids, vocab, checksum, source_stamp, folders, folder,
+                                      stamps)
+            return _VALIDATED[key].loaded()
 
-    for folder in folders:
-        found = _open_cache(folder, tokens, checksum)
-        if found is not None:
-            check(len(found[0]))
-            return validated(folder, found)
-    ids, vocab = _tokenize(path, data, tokens)
-    del data
-    check(len(ids))
-    failures = []
-    for folder in folders:
-        try:
-            _write_cache(folder, tokens, checksum, ids, vocab)
-        except OSError as e:
-            failures.append(f"{folder} ({e.strerror or one_line(e)})")
-            continue
-        found = _open_cache(folder, tokens, checksum)
-        if found is not None:
-            return validated(folder, found)
-        failures.append(f"{folder} (written but unreadable)")
+        for folder in folders:
+            found = _open_cache(folder, tokens, checksum)
+            if found is not None:
+                check(len(found[0]))
+                return validated(folder, found)
+        n, vocab = _tokenize(path, f, tokens)
+        check(n)
+        failures = []
+        for folder in folders:
+            try:
+                _write_cache(folder, tokens, checksum, (path, f, source_stamp), n, vocab)
+            except OSError as e:
+                failures.append(f"{folder} ({e.strerror or one_line(e)})")
+                continue
+            found = _open_cache(folder, tokens, checksum)
+            if found is not None:
+                return validated(folder, found)
+            failures.append(f"{folder} (written but unreadable)")
     raise DataError(f"{path}: cannot write its token cache in {' or '.join(failures)}")
 
 

@@ -76,11 +76,29 @@ def _datasets(config):
 
 
 def _text_datasets(config, size):
+    """The text's two splits. Its token cache is built (or validated: the text and the token
+    file hashed) by the first rank of each host alone while the host's other ranks wait in an
+    agreement: one process streams a large text through memory, not every rank at once; its
+    failure (a bad text, no writable folder) is the same one line on every rank. The others
+    then take the validated files as they are (data.text.adopt_cache: the same files, unchanged
+    since), so they hash nothing, and memory-map the tokens like the first."""
     path = config.dataset.removeprefix("text:")
     kw = dict(block_size=config.block_size, tokens=config.tokens, seed=config.seed)
     global_batch = config.batch_size * size * config.accumulate
-    return (data.TextDataset(path, split="train", **kw),
-            data.TextDataset(path, split="val", windows=config.eval_batches * global_batch, **kw))
+
+    def both():
+        return (data.TextDataset(path, split="train", **kw),
+                data.TextDataset(path, split="val", windows=config.eval_batches * global_batch,
+                                 **kw))
+
+    first = comm.local_rank() == 0
+    built = _agree(both if first else lambda: None)
+    mine = data.text.cache_record(path, config.tokens) if first else None
+    records = comm.allgather_object(mine)
+    if first:
+        return built
+    data.text.adopt_cache(records)
+    return both()
 
 
 def _raw_datasets(config):
