@@ -247,7 +247,6 @@ class Trainer:
                              f"look for NaN/inf in the data or the resumed checkpoint, or lower "
                              f"--lr (--nonfinite-steps 0 trains on)")
         if flags & INTERRUPTED:          # Ctrl-C: stop now, no new checkpoint
-            flags |= self.flags.last()      # a Ctrl-C that reached rank 0 a moment later
             speaks = self.flags.interrupt_speaker(flags)
             alone = None if flags & INTERRUPTED_ON_0 else self.rank
             raise Interrupted(self.step, self.last_checkpoint_step, self.config.checkpoint_dir,

@@ -26,10 +26,7 @@ INTERRUPTED_ON_0 (rank 0 did). A real Ctrl-C reaches every rank (MPICH's mpiexec
 and one line from rank 0 is right; a ``kill -INT`` of one other rank reaches that rank alone,
 which otherwise ended the job with no line at all. So ``Interrupt`` only notes the signal, and
 after the step every rank stops with the CLI's exit code 130 and no new checkpoint: rank 0 says
-so when it got the signal, else each rank that got it says so for itself. A forwarded Ctrl-C
-reaches the ranks at slightly different moments, possibly on two sides of a step's flags, so
-the stop first exchanges the two bits once more (``last``): by then rank 0, which received its
-copy while the others were still in that step, has noted it too. A second SIGINT
+so when it got the signal, else each rank that got it says so for itself. A second SIGINT
 before the step ends raises KeyboardInterrupt at once (a rank stuck in a step still stops), as
 does a first one outside the steps (setting up, the final evaluation). One small allreduce
 after the last step (``last``) carries a SIGINT that came too late for that step's flags.
