@@ -29,23 +29,18 @@ class OutputError(RuntimeError):
 
 
 class Interrupted(Exception):
-    """Ctrl-C (SIGINT) during a run: where it stopped, and what a --resume would continue.
-    ``on_rank``: the rank the signal reached when rank 0 did not get it (None: rank 0 did, or
-    every rank); ``speaks``: whether this rank prints the line (None: rank 0 does)."""
+    """Ctrl-C (SIGINT) during a run: where it stopped, and what a --resume would continue."""
 
-    def __init__(self, step, checkpoint_step, folder, on_rank=None, speaks=None):
+    def __init__(self, step, checkpoint_step, folder):
         super().__init__(step, checkpoint_step, folder)
         self.step, self.checkpoint_step, self.folder = step, checkpoint_step, folder
-        self.on_rank, self.speaks = on_rank, speaks
 
     def __str__(self):
-        what = "interrupted" if self.on_rank is None else \
-            f"interrupted (SIGINT to rank {self.on_rank})"
         if self.step is None:
-            return f"{what} while starting, before the first step"
+            return "interrupted while starting, before the first step"
         if self.checkpoint_step is None:
-            return f"{what} at step {self.step}; no checkpoint was written"
-        return (f"{what} at step {self.step}; the last checkpoint is step "
+            return f"interrupted at step {self.step}; no checkpoint was written"
+        return (f"interrupted at step {self.step}; the last checkpoint is step "
                 f"{self.checkpoint_step} in {self.folder} (--resume continues from it)")
 
 

@@ -157,8 +157,8 @@ def run_cli(argv=None):
         return _fail(f"mpitrain: error: {exc}", EXIT_USAGE)
     except OutputError as exc:
         return _fail(f"mpitrain: error: {exc}", EXIT_OUTPUT)
-    except Interrupted as exc:          # rank 0's line, or that of the ranks SIGINT reached
-        return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED, exc.speaks)
+    except Interrupted as exc:
+        return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
     except Preempted as exc:
         return _fail(f"mpitrain: {exc}", EXIT_PREEMPTED)
     except KeyboardInterrupt:                   # while parsing or importing
@@ -168,9 +168,8 @@ def run_cli(argv=None):
     return 0
 
 
-def _fail(line, code, speaks=None):
-    """``line`` on stderr from rank 0 (or where ``speaks`` says), and the exit code."""
-    if _rank() == 0 if speaks is None else speaks:
+def _fail(line, code):
+    if _rank() == 0:
         print(line, file=sys.stderr, flush=True)
     return code
 

@@ -21,16 +21,6 @@ the flags wait for the next step.
 A write of rank 0's that failed (a checkpoint on the ``--checkpoint-async`` thread, a metrics
 line) is a flag too, so every rank stops at the next step with the same OutputError.
 
-Ctrl-C (SIGINT) during the steps is two flags: INTERRUPTED (this rank got it) and
-INTERRUPTED_ON_0 (rank 0 did). A real Ctrl-C reaches every rank (MPICH's mpiexec forwards it),
-and one line from rank 0 is right; a ``kill -INT`` of one other rank reaches that rank alone,
-which otherwise ended the job with no line at all. So ``Interrupt`` only notes the signal, and
-after the step every rank stops with the CLI's exit code 130 and no new checkpoint: rank 0 says
-so when it got the signal, else each rank that got it says so for itself. A second SIGINT
-before the step ends raises KeyboardInterrupt at once (a rank stuck in a step still stops), as
-does a first one outside the steps (setting up, the final evaluation). One small allreduce
-after the last step (``last``) carries a SIGINT that came too late for that step's flags.
-
 So is a training loss that is NaN or infinite on some rank (NaN in the data or in a resumed
 checkpoint's parameters, an lr that diverges): ``nonfinite_run`` counts the consecutive steps
 whose agreed flags carry it, the same count on every rank, and the loop stops the job after
@@ -46,9 +36,7 @@ from mpitrain import comm
 
 WRITE_FAILED = 1 << 40          # above every signal number, which are bits 1 << signum
 NONFINITE = 1 << 41             # this rank's loss of the step is NaN or infinite
-INTERRUPTED = 1 << 42           # this rank got SIGINT
-INTERRUPTED_ON_0 = 1 << 43      # rank 0 got SIGINT
-_BITS = 44
+_BITS = 42
 
 
 class Signals:
@@ -77,43 +65,12 @@ class Signals:
         self.previous = {}
 
 
-class Interrupt:
-    """SIGINT noted (``noted``) while the steps run, inside ``with``: the first one only sets
-    the flag, a second raises KeyboardInterrupt. Installed only over Python's own handler, so a
-    --preempt-signals INT or an embedding's own handler stays as it is."""
-
-    def __init__(self):
-        self.noted = False
-        self.previous = None
-
-    def __enter__(self):
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            try:
-                self.previous = signal.signal(signal.SIGINT, self._note)
-            except ValueError:      # not the main thread: Python's handler stays
-                self.previous = None
-        return self
-
-    def _note(self, signum, frame):
-        if self.noted:
-            raise KeyboardInterrupt
-        self.noted = True
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
-        if self.noted and exc[0] is None:
-            raise KeyboardInterrupt         # noted after the last step's flags: stop here
-
-
 class StepFlags:
     """This rank's flags before a step (``local``) and every rank's after it (``agree``)."""
 
-    def __init__(self, config, outputs, size, signals=None, rank=0):
-        self.outputs, self.size, self.rank = outputs, size, rank
+    def __init__(self, config, outputs, size, signals=None):
+        self.outputs, self.size = outputs, size
         self.signals = Signals("none") if signals is None else signals
-        self.interrupt = Interrupt()
         # the steps a checkpoint may be written at: the replicas are one model there
         self.every = config.average_every if config.average == "weights" else 1
         self.loss_finite = True     # this rank's loss of the step in progress (the loop sets it)
@@ -121,20 +78,9 @@ class StepFlags:
 
     def local(self):
         """This rank's flags: the signals it noted, WRITE_FAILED when rank 0's write failed,
-        NONFINITE when its loss of the step is not finite, INTERRUPTED (and INTERRUPTED_ON_0
-        on rank 0) when it got SIGINT."""
-        interrupted = 0
-        if self.interrupt.noted:
-            interrupted = INTERRUPTED | (INTERRUPTED_ON_0 if self.rank == 0 else 0)
+        NONFINITE when its loss of the step is not finite."""
         return (self.signals.noted | (WRITE_FAILED if self.outputs.error is not None else 0)
-                | (0 if self.loss_finite else NONFINITE) | interrupted)
-
-    def interrupt_speaker(self, agreed):
-        """Whether this rank prints the interrupt line, given the agreed flags: rank 0 when it
-        got SIGINT (a Ctrl-C reaches every rank: one line), else every rank that got it."""
-        if agreed & INTERRUPTED_ON_0:
-            return self.rank == 0
-        return self.interrupt.noted
+                | (0 if self.loss_finite else NONFINITE))
 
     def agree(self, agreed, step, joined):
         """The OR of every rank's flags after optimizer step ``step`` (the same on every rank):
@@ -147,15 +93,8 @@ class StepFlags:
         self.nonfinite_run = self.nonfinite_run + 1 if agreed & NONFINITE else 0
         return agreed
 
-    def last(self):
-        """After the last step, on every rank: the OR of the ranks' SIGINT flags (one small
-        allreduce), so a Ctrl-C too late for the last step's flags is still told apart."""
-        mine = self.local() & (INTERRUPTED | INTERRUPTED_ON_0)
-        return mine if self.size == 1 else self._exchange(mine)
-
-    def _exchange(self, flags=None):
-        flags = self.local() if flags is None else flags
-        bits = (flags >> np.arange(_BITS, dtype=np.int64)) & 1                  # (bits,)
+    def _exchange(self):
+        bits = (self.local() >> np.arange(_BITS, dtype=np.int64)) & 1          # (bits,)
         every = comm.allreduce(bits.astype(np.int32), op=comm.Max, name="StepFlags")
         return int(np.sum(every.astype(np.int64) << np.arange(_BITS, dtype=np.int64)))
 
