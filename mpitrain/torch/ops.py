@@ -454,8 +454,14 @@ def _grouped_allgather(tensors, name, process_set, asynchronous):
     kind = "allgather"
     check_list(kind, tensors, process_set)
     check_tensors(kind, tensors, process_set)
-    handles = [_allgather(t, n, process_set, True)
-               for t, n in zip(tensors, member_names(name, len(tensors)))]
+    return _one_handle([_allgather(t, n, process_set, True)
+                        for t, n in zip(tensors, member_names(name, len(tensors)))],
+                       asynchronous)
+
+
+def _one_handle(handles, asynchronous):
+    """The per-tensor ``handles`` of a grouped call as one Handle (or, synchronously, its
+    list of results)."""
     handle = Handle([h.inner for h in handles],
                     lambda results: [h.finish(r) for h, r in zip(handles, results)])
     return handle if asynchronous else synchronize(handle)
@@ -618,11 +624,10 @@ def _grouped_reducescatter(tensors, op, name, prescale_factor, postscale_factor,
     kind = "reducescatter"
     check_list(kind, tensors, process_set)
     check_tensors(kind, tensors, process_set, op)
-    handles = [_reducescatter(t, op, n, prescale_factor, postscale_factor, process_set, True)
-               for t, n in zip(tensors, member_names(name, len(tensors)))]
-    handle = Handle([h.inner for h in handles],
-                    lambda results: [h.finish(r) for h, r in zip(handles, results)])
-    return handle if asynchronous else synchronize(handle)
+    return _one_handle([_reducescatter(t, op, n, prescale_factor, postscale_factor,
+                                       process_set, True)
+                        for t, n in zip(tensors, member_names(name, len(tensors)))],
+                       asynchronous)
 
 
 class _GroupedReducescatterGrad(torch.autograd.Function):
