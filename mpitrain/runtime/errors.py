@@ -29,11 +29,13 @@ class OutputError(RuntimeError):
 
 
 class Interrupted(Exception):
-    """Ctrl-C (SIGINT) during a run: where it stopped, and what a --resume would continue."""
+    """Ctrl-C (SIGINT) during a run: where it stopped, and what a --resume would continue.
+    ``agreed``: every rank raised it after the same step (so they may wait for rank 0's line)."""
 
-    def __init__(self, step, checkpoint_step, folder):
+    def __init__(self, step, checkpoint_step, folder, agreed=False):
         super().__init__(step, checkpoint_step, folder)
         self.step, self.checkpoint_step, self.folder = step, checkpoint_step, folder
+        self.agreed = agreed
 
     def __str__(self):
         if self.step is None:

@@ -14,7 +14,9 @@ that cannot be written mid-run (a full disk) is the same on every rank too: one 
 and its checkpoint, exit code 32 on every rank (EXIT_PREEMPTED: not a failure; the launcher
 restarts it with --restart-on-preempt). Ctrl-C is one line on rank 0 with the step reached and
 the last checkpoint, exit code 130, and the process ends without MPI_Finalize (``finish``): a
-rank the signal did not reach may still wait in a collective, and the launcher ends it.
+rank the signal did not reach may still wait in a collective, and the launcher ends it. During
+the steps SIGINT is a step flag (train/preempt.py), so every rank stops after the same step,
+whichever ranks it reached, and waits for rank 0's line before it exits.
 """
 import argparse
 import os
@@ -158,7 +160,10 @@ def run_cli(argv=None):
     except OutputError as exc:
         return _fail(f"mpitrain: error: {exc}", EXIT_OUTPUT)
     except Interrupted as exc:
-        return _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
+        code = _fail(f"mpitrain: {exc}", EXIT_INTERRUPTED)
+        if exc.agreed:      # the other ranks wait for rank 0's line before any of them exits
+            _wait_for_every_rank()
+        return code
     except Preempted as exc:
         return _fail(f"mpitrain: {exc}", EXIT_PREEMPTED)
     except KeyboardInterrupt:                   # while parsing or importing
@@ -172,6 +177,14 @@ def _fail(line, code):
     if _rank() == 0:
         print(line, file=sys.stderr, flush=True)
     return code
+
+
+def _wait_for_every_rank():
+    from mpitrain import comm
+    try:
+        comm.barrier()
+    except comm.CollectiveError:        # a rank already gone: the launcher ends the job
+        pass
 
 
 def finish(code):

@@ -20,11 +20,12 @@ import numpy as np
 from mpitrain import comm, data, nn, optim
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.parallel.evaluation import evaluate
-from mpitrain.runtime.errors import CheckpointError, Preempted, UsageError, one_line
+from mpitrain.runtime.errors import (CheckpointError, Interrupted, Preempted, UsageError,
+                                     one_line)
 from mpitrain.timeline import current as current_timeline
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.plan import make_plan
-from mpitrain.train.preempt import WRITE_FAILED, StepFlags, signal_name
+from mpitrain.train.preempt import INTERRUPTED, WRITE_FAILED, StepFlags, signal_name
 from mpitrain.train.progress import Progress
 from mpitrain.train.records import LOG_RECORDS_PER_EPOCH, Outputs, Records
 from mpitrain.train.sample import sample_text
@@ -119,6 +120,32 @@ class Trainer:
         log_every = max(1, progress.steps_per_epoch() // LOG_RECORDS_PER_EPOCH)
         records.open_bar(self.rank == 0 and config.progress and sys.stderr.isatty())
         first_step, wall = self.step, time.perf_counter()
+        with self.flags.interrupt:      # Ctrl-C: a flag of the next step (preempt.py)
+            self._steps(metrics, log_every)
+            self.stop_if_flagged(self.flags.last())
+        records.close_bar()
+        self.optimizer.settle()     # one model, not N (weights mode), so it may be checkpointed
+        if config.checkpoint_dir and self.last_checkpoint_step != self.step:
+            self.save_checkpoint(background=False)
+        if records.last_eval_step != self.step or records.last_eval is None:
+            records.last_eval, records.last_eval_step = self.evaluate(), self.step
+        if config.save:
+            state = self.model.state_dict(copy=True) if self.rank == 0 else None
+            self.outputs.attempt("--save", config.save,
+                                 lambda: ckpt.atomic_savez(config.save, state))
+        summary = records.summary(metrics, first_step, wall)
+        self.outputs.wait()
+        self.outputs.check()
+        if config.sample and self.rank == 0:
+            text = sample_text(self.model, self.train_set, config.sample, config.temperature,
+                               config.seed)
+            print(f"sample ({config.sample} tokens, temperature {config.temperature:g}):\n"
+                  f"{text}", flush=True)
+        return summary
+
+    def _steps(self, metrics, log_every):
+        """fit's steps, to --steps or --epochs."""
+        config, progress, records = self.config, self.progress, self.records
         while not progress.done():
             self.sampler.set_epoch(self.epoch, self.position)  # the rest of the current epoch
             steps = self.plan.steps()
@@ -143,25 +170,6 @@ class Trainer:
                     self.save_checkpoint()
                 if progress.done():
                     break
-        records.close_bar()
-        self.optimizer.settle()     # one model, not N (weights mode), so it may be checkpointed
-        if config.checkpoint_dir and self.last_checkpoint_step != self.step:
-            self.save_checkpoint(background=False)
-        if records.last_eval_step != self.step or records.last_eval is None:
-            records.last_eval, records.last_eval_step = self.evaluate(), self.step
-        if config.save:
-            state = self.model.state_dict(copy=True) if self.rank == 0 else None
-            self.outputs.attempt("--save", config.save,
-                                 lambda: ckpt.atomic_savez(config.save, state))
-        summary = records.summary(metrics, first_step, wall)
-        self.outputs.wait()
-        self.outputs.check()
-        if config.sample and self.rank == 0:
-            text = sample_text(self.model, self.train_set, config.sample, config.temperature,
-                               config.seed)
-            print(f"sample ({config.sample} tokens, temperature {config.temperature:g}):\n"
-                  f"{text}", flush=True)
-        return summary
 
     def train_step(self, step):
         """One optimizer step (a plan.Step): a forward and backward pass per micro-batch, the
@@ -224,8 +232,8 @@ class Trainer:
         """After a step, on every rank with the same ``flags`` (preempt.py): rank 0's failed
         write is an OutputError everywhere; --nonfinite-steps steps in a row with a loss that
         is not finite are a UsageError everywhere (no checkpoint: its parameters are likely
-        NaN); a stop signal writes a checkpoint (unless this step has one) and raises
-        Preempted."""
+        NaN); SIGINT is an Interrupted everywhere (no new checkpoint; rank 0 prints it); a
+        stop signal writes a checkpoint (unless this step has one) and raises Preempted."""
         if flags & WRITE_FAILED:
             self.outputs.wait()
             self.outputs.check()
@@ -236,6 +244,11 @@ class Trainer:
             raise UsageError(f"the training loss is NaN or infinite on some rank at {steps}; "
                              f"look for NaN/inf in the data or the resumed checkpoint, or lower "
                              f"--lr (--nonfinite-steps 0 trains on)")
+        if flags & INTERRUPTED:
+            self.flags.interrupt.stopping()
+            self.outputs.wait()         # a checkpoint being written is there, or is not named
+            raise Interrupted(self.step, self.last_checkpoint_step, self.config.checkpoint_dir,
+                              agreed=True)
         name = signal_name(flags)
         if name is None:
             return

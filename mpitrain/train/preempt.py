@@ -27,6 +27,15 @@ whose agreed flags carry it, the same count on every rank, and the loop stops th
 ``--nonfinite-steps`` of them with one line naming the step, instead of training on to
 "test loss nan" and exit code 0. In weights mode the flags are exchanged every
 ``--average-every`` steps, so it counts those.
+
+Ctrl-C (SIGINT) during the steps is a flag too, INTERRUPTED. A real Ctrl-C reaches every rank
+(MPICH's mpiexec forwards it), but a ``kill -INT`` of one rank reaches that rank alone, and a
+rank that stopped on its own could not know whether rank 0, the one that prints, got it too.
+So ``Interrupt`` only notes the first SIGINT, and after the step every rank raises the same
+agreed ``Interrupted``: one line from rank 0, exit code 130, no new checkpoint. A second SIGINT
+before the step ends raises KeyboardInterrupt at once (a rank stuck in a step still stops), as
+does one outside the steps (setting up, the final evaluation). One small exchange after the
+last step (``last``) carries a SIGINT noted too late for that step's flags.
 """
 import signal
 
@@ -36,7 +45,8 @@ from mpitrain import comm
 
 WRITE_FAILED = 1 << 40          # above every signal number, which are bits 1 << signum
 NONFINITE = 1 << 41             # this rank's loss of the step is NaN or infinite
-_BITS = 42
+INTERRUPTED = 1 << 42           # this rank got SIGINT
+_BITS = 43
 
 
 class Signals:
@@ -65,12 +75,50 @@ class Signals:
         self.previous = {}
 
 
+class Interrupt:
+    """SIGINT noted (``noted``) while the steps run, inside ``with``: the first one only sets
+    the flag, a second raises KeyboardInterrupt. Installed only over Python's own handler, so
+    --preempt-signals INT or an embedding's own handler stays as it is. ``stopping``: the job
+    ends on an agreed interrupt, and a late SIGINT (the launcher's, forwarded) is ignored so
+    that it cannot cut rank 0's line short."""
+
+    def __init__(self):
+        self.noted = False
+        self.previous = None
+
+    def __enter__(self):
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            try:
+                self.previous = signal.signal(signal.SIGINT, self._note)
+            except ValueError:      # not the main thread: Python's handler stays
+                self.previous = None
+        return self
+
+    def _note(self, signum, frame):
+        if self.noted:
+            raise KeyboardInterrupt
+        self.noted = True
+
+    def stopping(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.previous = None
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+            if self.noted and exc[0] is None:
+                raise KeyboardInterrupt     # noted after the last exchange: stop here
+
+
 class StepFlags:
     """This rank's flags before a step (``local``) and every rank's after it (``agree``)."""
 
     def __init__(self, config, outputs, size, signals=None):
         self.outputs, self.size = outputs, size
         self.signals = Signals("none") if signals is None else signals
+        self.interrupt = Interrupt()
         # the steps a checkpoint may be written at: the replicas are one model there
         self.every = config.average_every if config.average == "weights" else 1
         self.loss_finite = True     # this rank's loss of the step in progress (the loop sets it)
@@ -78,9 +126,10 @@ class StepFlags:
 
     def local(self):
         """This rank's flags: the signals it noted, WRITE_FAILED when rank 0's write failed,
-        NONFINITE when its loss of the step is not finite."""
+        NONFINITE when its loss of the step is not finite, INTERRUPTED when it got SIGINT."""
         return (self.signals.noted | (WRITE_FAILED if self.outputs.error is not None else 0)
-                | (0 if self.loss_finite else NONFINITE))
+                | (0 if self.loss_finite else NONFINITE)
+                | (INTERRUPTED if self.interrupt.noted else 0))
 
     def agree(self, agreed, step, joined):
         """The OR of every rank's flags after optimizer step ``step`` (the same on every rank):
@@ -93,8 +142,15 @@ class StepFlags:
         self.nonfinite_run = self.nonfinite_run + 1 if agreed & NONFINITE else 0
         return agreed
 
-    def _exchange(self):
-        bits = (self.local() >> np.arange(_BITS, dtype=np.int64)) & 1          # (bits,)
+    def last(self):
+        """After the last step, on every rank: INTERRUPTED when some rank noted a SIGINT too
+        late for that step's flags (one small exchange), else 0."""
+        mine = self.local() & INTERRUPTED
+        return mine if self.size == 1 else self._exchange(mine)
+
+    def _exchange(self, flags=None):
+        flags = self.local() if flags is None else flags
+        bits = (flags >> np.arange(_BITS, dtype=np.int64)) & 1                  # (bits,)
         every = comm.allreduce(bits.astype(np.int32), op=comm.Max, name="StepFlags")
         return int(np.sum(every.astype(np.int64) << np.arange(_BITS, dtype=np.int64)))
 

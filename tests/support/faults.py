@@ -2,12 +2,14 @@
 
 ``python tests/support/faults.py CLI-FLAGS...`` runs ``python -m mpitrain`` with
 ``Trainer.train_step`` wrapped: before step ``FAULT_STEP + 1`` (that is, once FAULT_STEP steps
-are done), on rank ``FAULT_RANK`` (or on every rank of host ``FAULT_HOST``, PMI_HOSTNAME), and
+are done), on rank ``FAULT_RANK`` (``all``: every rank; or on every rank of host
+``FAULT_HOST``, PMI_HOSTNAME), and
 only on launch ``FAULT_LAUNCH`` (MPITRAIN_RESTART_COUNT; ``any``: every launch), it does
 ``FAULT``:
 
     kill    SIGKILL itself (a crash: no Python cleanup, no MPI_Abort)
     term    SIGTERM itself (a preemption notice), then trains on
+    int     SIGINT itself (a ``kill -INT`` of that rank, or Ctrl-C where it hits every rank)
     stall   sleeps FAULT_SLEEP_S (never reaches the step's collective)
     raise   raises RuntimeError (the abort hook ends the job)
 
@@ -32,7 +34,8 @@ def _applies(trainer):
         return False
     if "FAULT_HOST" in env:
         return env.get("PMI_HOSTNAME") == env["FAULT_HOST"]
-    return trainer.rank == int(env.get("FAULT_RANK", "0"))
+    rank = env.get("FAULT_RANK", "0")
+    return rank == "all" or trainer.rank == int(rank)
 
 
 def _note(what):
@@ -56,6 +59,8 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault == "term":
                 os.kill(os.getpid(), signal.SIGTERM)
+            elif fault == "int":
+                os.kill(os.getpid(), signal.SIGINT)
             elif fault == "stall":
                 time.sleep(float(os.environ.get("FAULT_SLEEP_S", "120")))
             elif fault == "raise":
