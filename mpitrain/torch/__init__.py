@@ -36,6 +36,7 @@ from mpitrain.torch.ops import (Adasum, Average, Handle, Max, Min, Product, Spar
                                 synchronize)
 from mpitrain.torch.optimizer import DistributedOptimizer
 from mpitrain.torch.sync_batchnorm import SyncBatchNorm
+from mpitrain.torch.zero import ZeroRedundancyOptimizer
 
 CollectiveError = comm.CollectiveError
 # Horovod's error for a collective that failed inside the library: ours is CollectiveError (a
@@ -65,5 +66,5 @@ __all__ = [
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "start_timeline", "stop_timeline",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
-    "Compression", "SyncBatchNorm",
+    "Compression", "SyncBatchNorm", "ZeroRedundancyOptimizer",
 ]

@@ -14,7 +14,9 @@ and has the root's values afterwards; unlike Horovod's, that step leaves the par
 they were. ``p.grad`` of the parameters that had none stays zero. And every rank must hold an
 optimizer of the same class: the root's settings loaded into another optimizer (an Adam's
 ``betas`` into an SGD) would fail later, far from the cause, so a different class is a
-CollectiveError on every rank, before anything moves.
+CollectiveError on every rank, before anything moves. A sharded optimizer
+(``ZeroRedundancyOptimizer``, ``DistributedOptimizer(..., sharding="optimizer")``) has its state
+consolidated on the root first; every rank then keeps its own partition's.
 """
 import torch
 
@@ -107,9 +109,20 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=comm.global_pr
                process_set)
     comm.agree(process_set, "broadcast_object", {"optimizer": optimizer_class(optimizer)},
                ordered=True, who="mpitrain.torch.broadcast_optimizer_state")
-    if not optimizer.state:
+    sharded = getattr(optimizer, "mt_partition", None) is not None
+    if not (optimizer.mt_local_state() if sharded else optimizer.state):
         initialize_state(optimizer)
-    state = optimizer.state_dict()
+    if sharded and process_set is not optimizer.process_set:
+        raise ValueError("broadcast_optimizer_state: a sharded optimizer's state is "
+                         "broadcast over its own process set; pass process_set=its process_set")
+    if sharded:
+        # a sharded optimizer (ZeroRedundancyOptimizer, sharding="optimizer"): the root's
+        # whole state, gathered on it first; each rank keeps its partition's when it loads
+        optimizer.consolidate_state_dict(to=root_rank)
+        state = (optimizer.state_dict() if process_set.rank() == root_rank
+                 else optimizer.mt_local_state_dict())
+    else:
+        state = optimizer.state_dict()
     skeleton = comm.broadcast_object(_skeleton(state), root_rank=root_rank,
                                      process_set=process_set)
     tensors = []
@@ -124,7 +137,7 @@ def optimizer_class(optimizer):
     """The torch optimizer class ``optimizer`` is (a DistributedOptimizer: the one it wraps)."""
     cls = type(optimizer)
     if isinstance(optimizer, DistributedMixin):
-        cls = next(c for c in cls.__mro__ if c is not cls and not issubclass(c, DistributedMixin))
+        cls = optimizer.mt_optimizer_class()
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -28,7 +28,13 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
   watchdog are mpitrain's; on a rank outside ``process_set`` the optimizer registers no hooks
   and steps on its own gradients (Horovod's behaviour);
 - ``step()`` after a ``synchronize()`` of the caller's, outside ``skip_synchronize()``, warns as
-  Horovod does (the average is not run twice).
+  Horovod does (the average is not run twice);
+- ``sharding="optimizer"``: the gradients are averaged as above, then each rank steps the
+  parameters of its partition only (so its ``state`` holds theirs only) and every rank's updated
+  parameters are sent to all (sharding.py); ``consolidate_state_dict(to)`` then ``state_dict()``
+  on rank ``to`` give the whole state. ZeroRedundancyOptimizer (zero.py) is this mixin on a
+  torch.optim.Optimizer of its own with a local optimizer inside;
+- ``memory_bytes()``: the bytes this rank holds for parameters, gradients and optimizer state.
 """
 import contextlib
 import warnings
@@ -40,6 +46,9 @@ from mpitrain import comm
 from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributedOptimizer
 from mpitrain.torch.adapter import TorchOptimizer, TorchParameter
 from mpitrain.torch.compression import Compression, builtin, is_compression
+from mpitrain.torch.sharding import Partition, check_groups, check_rank, memory_bytes
+
+SHARDINGS = ("none", "optimizer", "gradients", "parameters")
 
 
 # The attribute of a parameter holding the hook of the newest DistributedOptimizer wrapping it:
@@ -71,27 +80,54 @@ class DistributedMixin:
     ``type(name, (DistributedMixin, type(optimizer)), {})``: ``super()`` below is the
     optimizer's own method)."""
 
+    mt_who = "DistributedOptimizer"     # names the collectives and the errors of sharding
+
     def setup(self, named_parameters, compression, backward_passes_per_step, op,
               gradient_predivide_factor, process_set, sparse_as_dense, overlap,
-              fusion_threshold_bytes):
-        params = trained_parameters(self.param_groups)
-        names = parameter_names(params, named_parameters)
-        for p in params:
-            if p.dtype is torch.bfloat16:
-                raise ValueError(f"DistributedOptimizer: parameter {names[id(p)]!r} is "
-                                 f"bfloat16, which the gradient buckets do not carry; keep "
-                                 f"float32 parameters (torch.autocast computes in bfloat16)")
-        adapters = [TorchParameter(p, names[id(p)], sparse_as_dense) for p in params]
-        self.mt_inner = TorchOptimizer(self, adapters)
+              fusion_threshold_bytes, sharding="none"):
+        self.mt_named = None if named_parameters is None else list(named_parameters)
+        self.mt_arguments = dict(
+            compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+            overlap=overlap, fusion_threshold_bytes=fusion_threshold_bytes)
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.process_set = process_set
-        self.on_device = any(p.is_cuda for p in params)
         self.end_queued = False      # the end-of-backward average is queued for this pass
         self.called_synchronize = False   # the caller's own synchronize() since the last step
         self.skipping = False             # inside skip_synchronize()
         self.mt_hooks = []
         self.mt_optimizer = None     # None on a rank outside process_set: it steps alone
+        # sharding="optimizer": which rank steps which parameter (sharding.py), else None
+        self.mt_partition = (Partition(self.param_groups, process_set, self.mt_who)
+                             if sharding == "optimizer" else None)
+        self.mt_consolidated = None  # consolidate_state_dict's merged state, on its rank
+        self.mt_build()
+
+    def mt_build(self, extend_names=False):
+        """The gradient averaging of every trained parameter of ``param_groups`` (again after
+        ``add_param_group`` of a sharded optimizer: ``extend_names`` names the new ones)."""
+        params = trained_parameters(self.param_groups)
+        named = self.mt_named
+        if named is not None and extend_names:
+            known = {id(p) for _, p in named}
+            named = named + [(f"param.{i}", p) for i, p in enumerate(params)
+                             if id(p) not in known]
+        names = parameter_names(params, named)
+        arguments = self.mt_arguments
+        compression = arguments["compression"]
+        process_set = self.process_set
+        for p in params:
+            if p.dtype is torch.bfloat16:
+                raise ValueError(f"{self.mt_who}: parameter {names[id(p)]!r} is "
+                                 f"bfloat16, which the gradient buckets do not carry; keep "
+                                 f"float32 parameters (torch.autocast computes in bfloat16)")
+        adapters = [TorchParameter(p, names[id(p)], arguments["sparse_as_dense"])
+                    for p in params]
+        self.mt_inner = TorchOptimizer(self, adapters)
+        self.on_device = any(p.is_cuda for p in params)
+        self.remove_hooks()
+        self.mt_optimizer = None
         if not is_compression(compression):
             raise ValueError(f"compression {compression!r}: expected Compression.none, "
                              f".fp16 or an object with compress(tensor) -> (tensor, ctx) and "
@@ -102,9 +138,10 @@ class DistributedMixin:
         self.mt_optimizer = ArrayDistributedOptimizer(
             self.mt_inner, named_parameters=[(a.name, a) for a in adapters],
             compression=wire if wire is not None else TensorCompressor(compression),
-            op=op, gradient_predivide_factor=gradient_predivide_factor,
-            backward_passes_per_step=backward_passes_per_step, process_set=process_set,
-            overlap=overlap, fusion_threshold_bytes=fusion_threshold_bytes)
+            op=arguments["op"], gradient_predivide_factor=arguments["gradient_predivide_factor"],
+            backward_passes_per_step=arguments["backward_passes_per_step"],
+            process_set=process_set, overlap=arguments["overlap"],
+            fusion_threshold_bytes=arguments["fusion_threshold_bytes"])
         for p, a in zip(params, adapters):
             previous = getattr(p, HOOK_ATTRIBUTE, None)
             if previous is not None:
@@ -176,6 +213,9 @@ class DistributedMixin:
         self.device_barrier()
         result = []
         self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
+        if self.mt_partition is not None:
+            self.device_barrier()
+            self.mt_partition.distribute()       # every rank's updated parameters to all
         return result[0] if result else None
 
     def zero_grad(self, set_to_none=True):
@@ -203,9 +243,103 @@ class DistributedMixin:
             handle.remove()
         self.mt_hooks = []
 
+    # -- the state, sharded or not ------------------------------------------------------------
+    def memory_bytes(self):
+        """{"parameters", "gradients", "optimizer_state"}: the bytes this rank holds (the
+        optimizer state: its optimizer's state tensors; sharded, its partition's only)."""
+        return memory_bytes(self.param_groups, self.mt_local_state())
+
+    def consolidate_state_dict(self, to=0):
+        """Collective: gather every rank's optimizer state on rank ``to`` of the process set,
+        whose ``state_dict()`` then returns the whole state (PyTorch's ZeroRedundancyOptimizer's
+        protocol). Unsharded, every rank holds the whole state already: nothing to gather."""
+        if self.mt_partition is None:
+            included = self.process_set.included() is not False
+            check_rank(to, self.process_set.size() if included else 1,
+                       f"{self.mt_who}.consolidate_state_dict")
+            return
+        self.mt_sync_groups()
+        self.mt_consolidated = self.mt_partition.consolidate(
+            self.mt_local_state_dict()["state"], to)
+
+    def state_dict(self):
+        """The optimizer's state_dict; sharded, the state the last ``consolidate_state_dict``
+        gathered on this rank (PyTorch's format, every parameter's state) -- a RuntimeError
+        on the other ranks and before any consolidation."""
+        if self.__dict__.get("mt_partition") is None:
+            return super().state_dict()
+        if self.mt_consolidated is None:
+            raise RuntimeError(f"{self.mt_who}: the sharded optimizer state has not been "
+                               f"consolidated on this rank; call consolidate_state_dict("
+                               f"to={self.mt_partition.rank}) on every rank first")
+        self.mt_sync_groups()
+        state = super().state_dict()
+        state["state"] = dict(sorted(self.mt_consolidated.items()))
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Load a state_dict (sharded: a whole state in PyTorch's format, saved at any number
+        of ranks, sharded or not; each rank keeps its partition's entries)."""
+        if self.__dict__.get("mt_partition") is None:
+            return super().load_state_dict(state_dict)
+        check_groups(state_dict, self.param_groups, self.mt_who)
+        self.mt_load(state_dict)
+
+    def add_param_group(self, param_group):
+        """torch's ``add_param_group``; sharded (call it on every rank), the new group is
+        partitioned on top of the others and its parameters' gradients are averaged too."""
+        super().add_param_group(param_group)
+        if self.__dict__.get("mt_partition") is not None:
+            self.mt_partition = Partition(self.param_groups, self.process_set, self.mt_who)
+            self.mt_partitioned()
+            self.mt_build(extend_names=True)
+
+    # -- what a sharded optimizer holds (ZeroRedundancyOptimizer overrides these) -------------
+    def mt_local_state(self):
+        """{parameter: state} of what this rank's optimizer holds."""
+        return self.state
+
+    def mt_local_state_dict(self):
+        """PyTorch's format over every parameter, with this rank's state entries."""
+        return super().state_dict()
+
+    def mt_load(self, state_dict):
+        """Keep the entries of this rank's partition of a whole state."""
+        kept = {k: v for k, v in state_dict["state"].items()
+                if self.mt_partition.owns_index(k)}
+        super().load_state_dict({**state_dict, "state": kept})
+
+    def mt_sync_groups(self):
+        """Hyper-parameters set on ``param_groups`` reach the optimizer that steps (none
+        apart here)."""
+
+    def mt_partitioned(self):
+        """The partition changed (a group was added)."""
+
+    def mt_optimizer_class(self):
+        """The torch optimizer class that steps (for broadcast_optimizer_state's check)."""
+        cls = type(self)
+        return next(c for c in cls.__mro__
+                    if c is not cls and not issubclass(c, DistributedMixin))
+
     # -- what the adapter calls --------------------------------------------------------------
     def inner_step(self, *args):
-        return super().step(*args)
+        if self.__dict__.get("mt_partition") is None:
+            return super().step(*args)
+        return self.local_step(*args)
+
+    def local_step(self, *args):
+        """Sharded: the optimizer's own step on this rank's partition only (each group's
+        parameters are its partition's during the step), so state is made for those only."""
+        groups = self.param_groups
+        saved = [group["params"] for group in groups]
+        try:
+            for group, mine in zip(groups, self.mt_partition.mine):
+                group["params"] = mine
+            return super().step(*args)
+        finally:
+            for group, params in zip(groups, saved):
+                group["params"] = params
 
     def inner_zero_grad(self, *args):
         return super().zero_grad(*args)
@@ -229,11 +363,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     messages; op: Average or Sum; ``gradient_predivide_factor`` f divides before the sum and
     multiplies by f after it. mpitrain's own: ``overlap`` (False: average everything at
     ``step()``), ``fusion_threshold_bytes`` (bucket size; default 4 MiB, or
-    MPITRAIN_FUSION_THRESHOLD).
+    MPITRAIN_FUSION_THRESHOLD). ``sharding``: "none" (the default), or "optimizer": each rank
+    keeps the optimizer state of its partition of the parameters and steps those, then the
+    updated parameters reach every rank; bitwise the unsharded parameters for optimizers that
+    update each parameter on its own. ``consolidate_state_dict(to=0)`` (every rank) then
+    ``state_dict()`` on rank 0 gives the whole state; ``load_state_dict`` takes one saved at
+    any N. "gradients" and "parameters" are not available here yet.
     """
-    if sharding != "none":
-        raise ValueError(f"sharding={sharding!r}: mpitrain.torch does not shard optimizer "
-                         f"state yet (mpitrain's own optimizers do: mt.DistributedOptimizer)")
+    check_sharding(sharding)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -245,8 +382,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped.__dict__.update(optimizer.__dict__)        # the same param_groups, state, hooks
     wrapped.setup(named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, process_set, sparse_as_dense, overlap,
-                  fusion_threshold_bytes)
+                  fusion_threshold_bytes, sharding)
     return wrapped
+
+
+def check_sharding(sharding):
+    """ValueError (an argument: the same on every rank) unless ``sharding`` is one this front
+    end runs."""
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding {sharding!r}: expected one of "
+                         f"{', '.join(repr(s) for s in SHARDINGS)}")
+    if sharding in ("gradients", "parameters"):
+        raise ValueError(f"sharding={sharding!r} is not available in mpitrain.torch yet; "
+                         f"sharding='optimizer' shards the optimizer state")
 
 
 def trained_parameters(param_groups):
