@@ -26,13 +26,14 @@ from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum
                                        reducescatter, reducescatter_async)
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES, check_threshold
 from mpitrain.comm.gpu import select_device
-from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.engine import allreduce_flat, reduce_scatter_flat
 from mpitrain.comm.handles import Handle, poll, synchronize
 from mpitrain.comm.handles import ordered as run_ordered
 from mpitrain.comm.join import join
 from mpitrain.comm.ops import on_device
 from mpitrain.comm.overlap import BucketAllreduce
-from mpitrain.comm.ring import chunk_bounds
+from mpitrain.comm.overlap import plan as overlap_plan
+from mpitrain.comm.ring import chunk_bounds, owned_chunk
 from mpitrain.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
                                         process_sets, remove_process_set, world_of)
 from mpitrain.comm.settings import CommSettings, fusion_threshold_from_env
@@ -47,7 +48,8 @@ __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgathe
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allreduce_flat",
            "alltoall", "alltoall_async", "Average", "barrier", "broadcast", "broadcast_",
            "broadcast_async", "broadcast_async_", "broadcast_object", "bucket_allreduce",
-           "BucketAllreduce", "check_threshold", "chunk_bounds", "CollectiveError", "comm",
+           "BucketAllreduce", "check_threshold", "chunk_bounds",
+           "owned_chunk", "bucket_plan", "bucket_reduce_scatter", "CollectiveError", "comm",
            "CommSettings",
            "cross_rank", "cross_size", "cuda_built", "DEFAULT_THRESHOLD_BYTES", "exit_now",
            "format_groups", "fusion_threshold", "fusion_threshold_from_env", "global_process_set",
@@ -117,3 +119,27 @@ def bucket_allreduce(process_set, layout, threshold_bytes, op, prescale, postsca
         layout, threshold_bytes, lambda flat: allreduce_flat(state, flat, op, prescale, postscale),
         {"name": name, "op": op.value, "prescale_factor": prescale, "postscale_factor": postscale},
         wire_dtypes=wire_dtypes, state=state)
+
+
+def bucket_plan(layout, wire_dtypes, threshold_bytes, arrival=True):
+    """The buckets (entries: (array index, offset, length); ``total``; ``dtype``) that
+    ``bucket_allreduce`` (``arrival``) or the fusion buffer (not ``arrival``) makes of
+    ``layout`` [(shape, dtype)] travelling as ``wire_dtypes``: a pure function, the same on
+    every rank."""
+    return overlap_plan(layout, wire_dtypes, threshold_bytes, arrival)
+
+
+def bucket_reduce_scatter(process_set, layout, threshold_bytes, op, prescale, postscale, name,
+                          wire_dtypes=None, arrival=True, who="DistributedOptimizer"):
+    """``bucket_allreduce``'s buckets, each reduce-scattered on the ring instead (sharded
+    gradients): after ``finish_flat`` rank r's chunk ``owned_chunk(r, size)`` of each bucket
+    (bounds ``chunk_bounds(bucket.total, size)``) holds the bits the ring allreduce would give
+    it. ``arrival``: buckets in arrival order, overlapping backward (bucket_allreduce's plan);
+    False: the fusion buffer's plan (a grouped allreduce's), run inline at ``finish_flat``."""
+    state = world_of(process_set, who)
+    return BucketAllreduce(
+        layout, threshold_bytes,
+        lambda flat: reduce_scatter_flat(state, flat, op, prescale, postscale),
+        {"name": name, "op": op.value, "prescale_factor": prescale, "postscale_factor": postscale,
+         "scatter": True, "arrival": bool(arrival)},
+        wire_dtypes=wire_dtypes, state=state, overlap=arrival, arrival=arrival)

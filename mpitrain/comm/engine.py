@@ -16,7 +16,7 @@ from mpi4py import MPI
 from mpitrain.comm.hierarchical import hierarchical_allreduce
 from mpitrain.comm.watchdog import watched
 from mpitrain.comm.ops import MPI_OPS, Average, ReduceOp, reduce_kind
-from mpitrain.comm.ring import ring_allreduce
+from mpitrain.comm.ring import ring_allreduce, ring_reduce_scatter
 from mpitrain.kernels import cpu
 
 REDUCERS = {k: (lambda d, s, _k=k: cpu.reduce_into(d, s, _k)) for k in MPI_OPS}
@@ -47,6 +47,27 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
                 return flat
             comm.Allreduce(MPI.IN_PLACE, flat, op=_MPI_OP[op])
     if factor != 1.0:
+        scale(flat, factor)
+    return flat
+
+
+def reduce_scatter_flat(state, flat, op, prescale=1.0, postscale=1.0):
+    """The ring allreduce's first phase over a contiguous 1-D host array, in place, scaled:
+    afterwards the chunk ``ring.owned_chunk`` of this rank (bounds ``ring.chunk_bounds``) holds
+    the reduction over the ranks of ``state`` -- bitwise the chunk ``allreduce_flat`` gives it
+    on the ring, half the traffic -- and the other chunks hold partial sums. Always the ring
+    (the chunk a rank keeps must not depend on MPI's algorithm); one level, also where the
+    allreduce is hierarchical."""
+    comm = state.ring
+    if prescale != 1.0:
+        scale(flat, prescale)
+    size = comm.Get_size()
+    factor = postscale / size if op is Average else postscale
+    if size > 1 and flat.size:
+        finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
+        with watched(state.record, "reduce-scatter data"):
+            ring_reduce_scatter(comm, flat, *_ring_args(state, flat, op), finish)
+    elif factor != 1.0:
         scale(flat, factor)
     return flat
 

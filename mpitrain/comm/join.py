@@ -37,7 +37,7 @@ import numpy as np
 
 from mpitrain.comm import handles, host, kinds, overlap
 from mpitrain.comm.check import JOINED
-from mpitrain.comm.engine import allreduce_flat
+from mpitrain.comm.engine import allreduce_flat, reduce_scatter_flat
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import Average, Max, Min, Product, Sum, as_op
 from mpitrain.comm.process_sets import global_process_set, world_of
@@ -121,13 +121,16 @@ def _grouped(state, f):
 
 
 def _buckets(state, f):
-    """One step of DistributedOptimizer's overlapped buckets (overlap.py), every bucket zeros."""
+    """One step of DistributedOptimizer's overlapped buckets (overlap.py), every bucket zeros:
+    allreduced, or reduce-scattered (sharded gradients: the joined rank's chunk is dropped)."""
     state.agreement(Kind.ALLREDUCE_BUCKETS, f)
     op, _ = as_op(f["op"], Kind.ALLREDUCE_BUCKETS)          # described by its value ("average")
-    for index, bucket in enumerate(overlap.plan(f["arrays"], f["wire"], f["threshold_bytes"])):
+    reduce = reduce_scatter_flat if f.get("scatter") else allreduce_flat
+    buckets = overlap.plan(f["arrays"], f["wire"], f["threshold_bytes"], f.get("arrival", True))
+    for index, bucket in enumerate(buckets):
         with overlap.watched(state, index):
-            allreduce_flat(state, np.zeros(bucket.total, bucket.dtype), op,
-                           f["prescale_factor"], f["postscale_factor"])
+            reduce(state, np.zeros(bucket.total, bucket.dtype), op, f["prescale_factor"],
+                   f["postscale_factor"])
 
 
 REPLAYS = {     # every kind a description can carry whose joined behaviour is Joined.REPLAY

@@ -57,7 +57,7 @@ class BucketAllreduce:
     """
 
     def __init__(self, specs, threshold_bytes, reduce_flat, describe, wire_dtypes=None,
-                 overlap=True, state=None):
+                 overlap=True, state=None, arrival=True):
         self.state = state
         self.specs = [(tuple(s), np.dtype(d)) for s, d in specs]
         wire = wire_dtypes or [d for _, d in self.specs]
@@ -66,6 +66,7 @@ class BucketAllreduce:
         self.reduce_flat = reduce_flat
         self.describe = dict(describe)
         self.overlap = overlap and comm_thread_available()
+        self.arrival = arrival      # plan in arrival order (else the fusion buffer's: plan())
         self.buckets = None
         self._step_check = None
         self._bucket_of = []
@@ -76,7 +77,7 @@ class BucketAllreduce:
         """The plan's buckets (buckets.Bucket), each with its index in the plan and ``flat``, its
         persistent buffer (total,), or None when it is reduced in place."""
         no_cast = [w == d for (_, d), w in zip(self.specs, self.wire)]
-        buckets = plan(self.specs, self.wire, self.threshold_bytes)
+        buckets = plan(self.specs, self.wire, self.threshold_bytes, self.arrival)
         for index, b in enumerate(buckets):
             inplace = len(b.entries) == 1 and no_cast[b.entries[0][0]]
             b.index, b.flat = index, None if inplace else np.empty(b.total, b.dtype)
@@ -134,12 +135,7 @@ class BucketAllreduce:
         """Reduce whatever was not reported, wait for every bucket, write results into
         ``arrays`` (all of them, in spec order); re-raise a comm-thread error here."""
         try:
-            for i, a in enumerate(arrays):
-                if self._arrays[i] is None:
-                    self.ready(i, a)
-            error = self._wait_all()
-            if error is not None:
-                raise error
+            self._complete(arrays)
             tl = current_timeline()
             for b in self.buckets:
                 if b.flat is None:
@@ -150,6 +146,25 @@ class BucketAllreduce:
             return arrays
         finally:
             self._reset_step()
+
+    def finish_flat(self, arrays):
+        """As ``finish``, without the unpack: [(bucket, its reduced 1-D buffer)] in plan order
+        (the buffer of an array reduced in place is that array, flattened), valid until the
+        next step's buckets run. A reduce-scatter keeps only its own chunk of each."""
+        try:
+            self._complete(arrays)
+            return [(b, self._arrays[b.entries[0][0]].reshape(-1) if b.flat is None else b.flat)
+                    for b in self.buckets]
+        finally:
+            self._reset_step()
+
+    def _complete(self, arrays):
+        for i, a in enumerate(arrays):
+            if self._arrays[i] is None:
+                self.ready(i, a)
+        error = self._wait_all()
+        if error is not None:
+            raise error
 
     def _wait_all(self):
         """Wait for every submitted bucket; the first error (or None)."""
@@ -212,13 +227,18 @@ def watched(state, index):
         record.leave()
 
 
-def plan(specs, wire, threshold_bytes):
+def plan(specs, wire, threshold_bytes, arrival=True):
     """The buckets (buckets.Bucket) of arrays ``specs`` [(shape, dtype)] travelling as ``wire``
     dtypes: consecutive arrays of one wire dtype, up to threshold_bytes per bucket (>= 1 array);
     an array of at least buckets.SOLO_BYTES that needs no cast has a bucket of its own (it is
-    reduced in place: no pack, no unpack copy). A joined rank (join.py) replays a step from it."""
-    no_cast = [np.dtype(w) == np.dtype(d) for (_, d), w in zip(specs, wire)]
+    reduced in place: no pack, no unpack copy). A joined rank (join.py) replays a step from it.
+    ``arrival=False``: the fusion buffer's plan instead (fusion.py: grouped by dtype, any large
+    array alone), so that a reduce-scatter keeps the elements the fused allreduce would sum in
+    the same order."""
     sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in specs]
+    if not arrival:
+        return plan_buckets(sizes, [np.dtype(w) for w in wire], threshold_bytes, SOLO_BYTES)
+    no_cast = [np.dtype(w) == np.dtype(d) for (_, d), w in zip(specs, wire)]
     return plan_buckets(sizes, [np.dtype(w) for w in wire], threshold_bytes, SOLO_BYTES,
                         consecutive=True, may_go_solo=no_cast)
 

@@ -45,6 +45,9 @@ class Parameter:
 
     @property
     def grad(self):
+        if self._grad is None:                  # released: zeros anew
+            self._grad = self.kernels.zeros(self.data.shape, self.data.dtype)
+            self._stale = False
         if self._stale:
             self.kernels.fill(self._grad, 0)
             self._stale = False
@@ -61,6 +64,18 @@ class Parameter:
     def zero_grad(self):
         self._stale = True
 
+    def release_grad(self):
+        """Free the gradient's memory (sharded gradients keep only their slice after the
+        average: parallel/sharded.py); the next layer to produce it, or a read, allocates it
+        anew (zeros)."""
+        self._grad = None
+        self._stale = True
+
+    @property
+    def holds_grad(self):
+        """Whether the gradient's memory is allocated (False after ``release_grad``)."""
+        return self._grad is not None
+
     def grad_target(self):
         """``(grad, accumulate)`` for a layer about to produce this gradient.
 
@@ -69,6 +84,8 @@ class Parameter:
         """
         accumulate = not self._stale
         self._stale = False
+        if self._grad is None:                  # released: overwritten, never accumulated
+            self._grad = self.kernels.empty(self.data.shape, self.data.dtype)
         return self._grad, accumulate
 
     def __repr__(self):

@@ -48,11 +48,14 @@ class DistributedOptimizer:
     (autotune.py) tries other thresholds and ring/MPI on the first steps and keeps the fastest.
     ``comm_time_s`` accumulates the seconds spent averaging (for the training metrics).
 
-    ``sharding``: "none", or "optimizer" (sharded.py, ZeRO stage 1): each rank keeps the
+    ``sharding``: "none", "optimizer" (sharded.py, ZeRO stage 1): each rank keeps the
     optimizer state of its 1/N slice of the flat parameters and steps that slice, then the
-    slices are allgathered; the parameters are the unsharded run's, bit for bit, and a
-    checkpoint holds the unsharded state (it loads at any N). "gradients" and "parameters"
-    are refused for now, as are weights mode, deterministic mode and device parameters.
+    slices are allgathered; or "gradients" (stage 2): the gradient buckets are
+    reduce-scattered instead of allreduced, and each rank keeps only its chunk of each (the
+    rest of every gradient is released). The parameters are the unsharded run's, bit for bit,
+    and a checkpoint holds the unsharded state (it loads at any N). "parameters" is refused
+    for now, as are weights mode, deterministic mode and device parameters; "gradients" also
+    refuses clip_grad_norm, a compressor of your own and MPITRAIN_AUTOTUNE.
     ``memory_bytes()`` says what this rank holds.
 
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
@@ -98,7 +101,8 @@ class DistributedOptimizer:
         if deterministic:
             check_arguments(average, compression, gradient_predivide_factor,
                             backward_passes_per_step, process_set)
-        sharded.check_arguments(sharding, average, deterministic, optimizer.params)
+        sharded.check_arguments(sharding, average, deterministic, optimizer.params,
+                                compression, clip_grad_norm)
         self.sharding = sharding
         self.overlap = bool(overlap)
         self.process_set = process_set    # whose ranks average (others: ValueError at the step)
@@ -124,6 +128,8 @@ class DistributedOptimizer:
             self.strategy = DeterministicGradients(self)
         elif sharding == "optimizer":
             self.strategy = sharded.OptimizerSharding(self)
+        elif sharding == "gradients":
+            self.strategy = sharded.GradientSharding(self)
         elif average == "weights":
             self.strategy = WeightAveraging(self)
         else:

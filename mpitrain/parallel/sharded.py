@@ -1,55 +1,73 @@
-"""Optimizer-state sharding (ZeRO stage 1): each rank keeps the optimizer state of 1/N of the
-parameters and steps only that slice.
+"""Sharded data parallel, the optimizer state (ZeRO stage 1) and the gradients too (stage 2):
+each rank keeps the optimizer state of its share of the parameters and steps only that share.
 
-``DistributedOptimizer(..., sharding="optimizer")``. The parameters, in optimizer order, are one
-flat vector of E elements cut into N contiguous slices (comm's chunk bounds: the first E % N
-slices one element longer); rank r owns slice r. Gradients are averaged as in gradients mode
-(overlapped buckets, fp16 wire, accumulation, clipping by the global norm: gradients.py), so every
-rank holds every averaged gradient; then
+``DistributedOptimizer(..., sharding="optimizer")`` (``OptimizerSharding``): the parameters, in
+optimizer order, are one flat vector of E elements cut into N contiguous slices (comm's chunk
+bounds: the first E % N slices one element longer); rank r owns slice r. Gradients are
+averaged as in gradients mode (overlapped buckets, fp16 wire, accumulation, clipping by the
+global norm: gradients.py), so every rank holds every averaged gradient; then
 
-    rank r:  the inner optimizer steps its slice only    (its state: the slice's, 1/N)
-    all:     the updated slices are allgathered          (every rank holds every parameter)
+    rank r:  the inner optimizer steps its share only     (its state: the share's, 1/N)
+    all:     the updated shares are allgathered           (every rank holds every parameter)
 
-With Adam that is 8 of the 16 bytes per parameter divided by N. The inner optimizer steps
-``Piece``s, views of the parts of parameters inside the slice (``Optimizer.restrict``); its
-updates are elementwise, so a slice steps to the bits the whole parameter would, and a sharded run
-gives the unsharded run's parameters bit for bit, at any N.
+``sharding="gradients"`` (``GradientSharding``): the same buckets as the unsharded run's (the
+overlapped ones in arrival order, or the fusion buffer's where the unsharded run fuses at the
+step), each reduce-scattered on the ring instead of allreduced -- during backward where the
+buckets overlap it. Rank r keeps chunk ``comm.owned_chunk(r, N)`` of each bucket, the chunk the
+ring's first phase completes on it, in its gradient shard; every gradient is then released
+(``Parameter.release_grad``: the next backward allocates it anew), so between steps a rank
+holds 1/N of the gradients, and no rank ever holds the whole averaged gradient. Its share of
+the parameters is those chunks.
 
-A checkpoint holds the unsharded state (``checkpoint_state``, collective: the slices of each
-buffer are allgathered and cut back into one array per parameter), so it loads into a run with
-any N, sharded or not; ``load_checkpoint_state`` takes such a state and keeps this rank's slice.
+With Adam that is 8 (stage 1) or 12 (stage 2) of the 16 bytes per parameter divided by N. The
+inner optimizer steps ``Piece``s, views of the parts of parameters in the share
+(``Optimizer.restrict``); its updates are elementwise, and a ring chunk's sum is the same
+additions in the same order whether the ring goes on to allgather it or not, so a sharded run
+gives the unsharded run's parameters bit for bit (with the same allreduce algorithm, the ring;
+at N = 2 any, the sum of two commutes).
+
+A share is a ``Layout``: per rank, the (parameter, start, stop) element ranges it owns, known to
+every rank. A checkpoint holds the unsharded state (``checkpoint_state``, collective: every
+rank's pieces of each buffer are allgathered and put back into one array per parameter), so it
+loads into a run with any N, sharded or not; ``load_checkpoint_state`` takes such a state and
+keeps this rank's pieces.
 """
 import time
 
 import numpy as np
 
 from mpitrain import comm
-from mpitrain.parallel.gradients import GradientAveraging
+from mpitrain.parallel.gradients import Compressor, GradientAveraging
 from mpitrain.timeline import current as current_timeline
 
 SHARDINGS = ("none", "optimizer", "gradients", "parameters")
 
 
-def check_mode(sharding, average, deterministic):
+def check_mode(sharding, average, deterministic, clip_grad_norm=None):
     """ValueError (the same on every rank) where ``sharding`` cannot run in this mode; the
     CLI's configuration asks the same (train/config.py)."""
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding {sharding!r}: expected one of {', '.join(SHARDINGS)}")
     if sharding == "none":
         return
-    if sharding in ("gradients", "parameters"):
-        raise ValueError(f"sharding={sharding!r} is not available yet; sharding='optimizer' "
-                         f"splits the optimizer state (gradients are averaged whole)")
+    if sharding == "parameters":
+        raise ValueError("sharding='parameters' is not available yet; sharding='gradients' "
+                         "splits the optimizer state and the gradients")
     if average != "gradients":
         raise ValueError(f"sharding={sharding!r} splits the optimizer state of averaged "
                          f"gradients; average={average!r} has no gradients to shard")
     if deterministic:
         raise ValueError(f"sharding={sharding!r} with deterministic=True is not available yet")
+    if sharding == "gradients" and clip_grad_norm is not None:
+        raise ValueError("sharding='gradients' with clip_grad_norm is not available yet "
+                         "(sharding='optimizer' clips by the global norm)")
 
 
-def check_arguments(sharding, average, deterministic, params):
-    """check_mode, then what the parameters must be: one dtype, host arrays."""
-    check_mode(sharding, average, deterministic)
+def check_arguments(sharding, average, deterministic, params, compression=None,
+                    clip_grad_norm=None):
+    """check_mode, then what the parameters and the other arguments must be: one dtype, host
+    arrays; for "gradients" a built-in compression and no clipping (yet)."""
+    check_mode(sharding, average, deterministic, clip_grad_norm)
     if sharding == "none":
         return
     if len({np.dtype(p.dtype) for p in params}) > 1:
@@ -58,16 +76,21 @@ def check_arguments(sharding, average, deterministic, params):
     if params and not isinstance(params[0].data, np.ndarray):
         raise ValueError(f"sharding={sharding!r} runs on host arrays; device parameters are "
                          f"not sharded yet")
+    if sharding == "gradients" and not isinstance(compression, (Compressor, type(None))):
+        raise ValueError(f"sharding='gradients' reduce-scatters buckets; compression "
+                         f"{compression!r} (a compressor of your own) needs whole "
+                         f"gradients: use sharding='optimizer', or mt.Compression.fp16")
 
 
 class Piece:
     """Elements [start, stop) of a parameter's flattened ``.data`` and ``.grad``, read afresh
-    at every access (``.grad`` may be replaced between steps)."""
+    at every access (``.grad`` may be replaced between steps); ``shard``: where the gradient
+    lives instead (sharded gradients: this rank's slice of the averaged gradient)."""
 
-    __slots__ = ("param", "start", "stop")
+    __slots__ = ("param", "start", "stop", "shard")
 
-    def __init__(self, param, start, stop):
-        self.param, self.start, self.stop = param, start, stop
+    def __init__(self, param, start, stop, shard=None):
+        self.param, self.start, self.stop, self.shard = param, start, stop, shard
 
     @property
     def data(self):
@@ -75,6 +98,8 @@ class Piece:
 
     @property
     def grad(self):
+        if self.shard is not None:
+            return self.shard
         return self.param.grad.reshape(-1)[self.start:self.stop]
 
     @property
@@ -82,26 +107,75 @@ class Piece:
         return self.param.kernels
 
 
+class Layout:
+    """Which elements each rank owns: ``ranks[r]`` = [(parameter index, start, stop)], element
+    ranges of the flattened parameters, every element owned by exactly one rank."""
+
+    def __init__(self, sizes, ranks):
+        self.sizes, self.ranks = list(sizes), [list(r) for r in ranks]
+        self.lengths = [sum(b - a for _, a, b in pieces) for pieces in self.ranks]
+
+    @classmethod
+    def contiguous(cls, sizes, size):
+        """Optimizer order's flat vector cut into ``size`` slices (ZeRO-1)."""
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
+        bounds = comm.chunk_bounds(offsets[-1], size)
+        ranks = []
+        for r in range(size):
+            lo, hi = bounds[r], bounds[r + 1]
+            ranks.append([(i, max(lo, a) - a, min(hi, b) - a)
+                          for i, (a, b) in enumerate(zip(offsets, offsets[1:]))
+                          if min(hi, b) > max(lo, a)])
+        return cls(sizes, ranks)
+
+    @classmethod
+    def of_buckets(cls, sizes, buckets, param_of, size):
+        """Rank r: chunk ``comm.owned_chunk(r, size)`` of every bucket (buckets.Bucket, whose
+        entry i is parameter ``param_of[i]``): what the ring's reduce-scatter leaves on it.
+        Also returns, per rank, each piece's (bucket index, offset in the bucket's chunk)."""
+        ranks, where = [[] for _ in range(size)], [[] for _ in range(size)]
+        for index, b in enumerate(buckets):
+            bounds = comm.chunk_bounds(b.total, size)
+            for r in range(size):
+                c = comm.owned_chunk(r, size)
+                lo, hi = bounds[c], bounds[c + 1]
+                for i, off, n in b.entries:
+                    a, z = max(lo, off), min(hi, off + n)
+                    if z > a:
+                        ranks[r].append((param_of[i], a - off, z - off))
+                        where[r].append((index, a - lo))
+        return cls(sizes, ranks), where
+
+    def gather(self, mine, dtype, process_set):
+        """Every rank's values of its pieces (``mine``: this rank's, concatenated in piece
+        order), allgathered: one flat array per parameter."""
+        every = mine if len(self.ranks) == 1 else comm.allgather(
+            np.ascontiguousarray(mine, dtype), name="DistributedOptimizer.sharded",
+            process_set=process_set)
+        out = [np.empty(n, dtype) for n in self.sizes]
+        pos = 0
+        for pieces in self.ranks:
+            for i, a, b in pieces:
+                out[i][a:b] = every[pos:pos + b - a]
+                pos += b - a
+        return out
+
+
 class OptimizerSharding(GradientAveraging):
     """``sharding="optimizer"``: gradients averaged whole, the inner optimizer restricted to this
-    rank's slice, the updated slices allgathered after each step."""
+    rank's share, the updated shares allgathered after each step."""
 
-    def __init__(self, opt):
+    def __init__(self, opt, layout=None, shards=None):
         super().__init__(opt)
         params = opt.params
         ps = opt.process_set
-        size, rank = (ps.size(), ps.rank()) if ps.included() else (1, 0)
+        self.size, self.rank = (ps.size(), ps.rank()) if ps.included() else (1, 0)
         self.sizes = [int(p.data.size) for p in params]
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64).tolist()
-        self.bounds = comm.chunk_bounds(self.offsets[-1], size)
-        self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
-        self.pieces, self.owners = [], []
-        for i, p in enumerate(params):
-            start = max(self.lo, self.offsets[i]) - self.offsets[i]
-            stop = min(self.hi, self.offsets[i + 1]) - self.offsets[i]
-            if stop > start:
-                self.pieces.append(Piece(p, start, stop))
-                self.owners.append(i)
+        self.layout = layout or Layout.contiguous(self.sizes, self.size)
+        mine = self.layout.ranks[self.rank]
+        self.owners = [i for i, _, _ in mine]
+        self.pieces = [Piece(params[i], a, b, None if shards is None else shards[j])
+                       for j, (i, a, b) in enumerate(mine)]
         self.full_mask = opt.optimizer.no_decay.copy()
         opt.optimizer.restrict(self.pieces, self.owners)
         self.dtype = np.dtype(params[0].dtype) if params else np.dtype(np.float32)
@@ -114,36 +188,30 @@ class OptimizerSharding(GradientAveraging):
     def settle(self):
         """Every step ends with the whole model on every rank: nothing to do."""
 
-    # -- the slice and the whole -------------------------------------------------------------
-    def my_slice(self, arrays):
-        """This rank's elements of the flat concatenation of ``arrays`` (one per piece)."""
+    def mine(self, arrays):
+        """This rank's pieces of ``arrays`` (one per piece), concatenated."""
         if not arrays:
             return np.empty(0, self.dtype)
         return np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
 
-    def whole(self, mine):
-        """Every rank's slice, allgathered in rank order: the flat vector of E elements."""
-        opt = self.opt
-        if opt.process_set.size() == 1:
-            return mine
-        return comm.allgather(np.ascontiguousarray(mine, self.dtype),
-                              name="DistributedOptimizer.sharded", process_set=opt.process_set)
-
-    def per_parameter(self, flat):
-        return [flat[a:b].reshape(p.data.shape)
-                for p, a, b in zip(self.opt.params, self.offsets, self.offsets[1:])]
-
     def gather_parameters(self):
-        """After the slices' update: the whole parameters on every rank (an allgather)."""
+        """After the shares' update: the whole parameters on every rank (an allgather)."""
         opt = self.opt
-        if opt.process_set.size() == 1:
+        if self.size == 1:
             return
         start = time.perf_counter()
         with current_timeline().span("allgather parameters", cat="comm"):
-            flat = self.whole(self.my_slice([piece.data for piece in self.pieces]))
-            for p, whole in zip(opt.params, self.per_parameter(flat)):
-                np.copyto(p.data, whole)
+            flats = self.layout.gather(self.mine([piece.data for piece in self.pieces]),
+                                       self.dtype, opt.process_set)
+            for p, whole in zip(opt.params, flats):
+                np.copyto(p.data.reshape(-1), whole)
         opt.comm_time_s += time.perf_counter() - start
+
+    def memory_bytes(self):
+        held = super().memory_bytes()
+        held["optimizer_state"] = sum(
+            int(a.nbytes) for arrays in self.opt.optimizer.state.values() for a in arrays)
+        return held
 
     # -- checkpoints: the unsharded state ---------------------------------------------------
     def checkpoint_state(self):
@@ -155,16 +223,17 @@ class OptimizerSharding(GradientAveraging):
         state = {key: value for key, value in mine.items() if "." not in key}
         state["no_decay"] = self.full_mask.copy()
         for name in inner.state:
-            flat = self.whole(self.my_slice([mine[f"{name}.{j}"]
-                                             for j in range(len(self.pieces))]))
-            for i, array in enumerate(self.per_parameter(flat)):
-                state[f"{name}.{i}"] = np.array(array, copy=True)
+            flats = self.layout.gather(
+                self.mine([mine[f"{name}.{j}"] for j in range(len(self.pieces))]),
+                self.dtype, self.opt.process_set)
+            for i, (p, flat) in enumerate(zip(self.opt.params, flats)):
+                state[f"{name}.{i}"] = flat.reshape(p.data.shape)
         return state
 
     def load_checkpoint_state(self, state):
         """Take an unsharded state (``checkpoint_state``'s, or an unsharded run's) and load this
-        rank's slice of every buffer into the inner optimizer; a state of other parameters is a
-        ValueError."""
+        rank's pieces of every buffer into the inner optimizer; a state of other parameters is
+        a ValueError."""
         inner = self.opt.optimizer
         mine = {key: value for key, value in state.items() if "." not in key}
         mask = np.asarray(state.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
@@ -173,16 +242,109 @@ class OptimizerSharding(GradientAveraging):
                              f"({len(self.sizes)},): one flag per parameter")
         mine["no_decay"] = mask[np.asarray(self.owners, np.int64)]
         for name in inner.state:
-            arrays = []
+            flats = []
             for i, size in enumerate(self.sizes):
                 value = state.get(f"{name}.{i}")
                 if value is None or np.asarray(value).size != size:
                     raise ValueError(f"{type(inner).__name__} state_dict mismatch: "
                                      f"{name}.{i} missing or not of parameter {i}'s size")
-                arrays.append(np.asarray(value).reshape(-1))
-            flat = np.concatenate(arrays) if arrays else np.empty(0, self.dtype)
+                flats.append(np.asarray(value).reshape(-1))
             for j, piece in enumerate(self.pieces):
-                a = self.offsets[self.owners[j]] + piece.start
-                mine[f"{name}.{j}"] = flat[a:a + (piece.stop - piece.start)]
+                mine[f"{name}.{j}"] = flats[self.owners[j]][piece.start:piece.stop]
         inner.load_state_dict(mine)
         self.full_mask = (mask != 0).astype(np.uint8)
+
+
+class GradientSharding(OptimizerSharding):
+    """``sharding="gradients"``: the unsharded run's buckets reduce-scattered; this rank keeps
+    its chunk of each in its gradient shard, steps the parameters' elements of those chunks,
+    and the updated chunks are allgathered."""
+
+    def __init__(self, opt):
+        ps = opt.process_set
+        size = ps.size() if ps.included() else 1
+        params = opt.params
+        self.scatter = None
+        layout = shards = None
+        if size > 1 and params:
+            self.arrival = self.overlaps(opt)
+            order = list(reversed(params)) if self.arrival else list(params)
+            specs = [(tuple(p.data.shape), np.dtype(p.dtype)) for p in order]
+            self.wire = [opt.compression.wire_dtype(d) for _, d in specs]
+            f = opt.gradient_predivide_factor
+            self.scatter = comm.bucket_reduce_scatter(
+                ps, specs, opt.fusion_threshold_bytes, opt.op, 1.0 / f, f,
+                "DistributedOptimizer.gradients", wire_dtypes=self.wire, arrival=self.arrival)
+            n = len(params)
+            param_of = [n - 1 - i for i in range(n)] if self.arrival else list(range(n))
+            buckets = comm.bucket_plan(specs, self.wire, opt.fusion_threshold_bytes,
+                                       self.arrival)
+            layout, where = Layout.of_buckets([int(p.data.size) for p in params], buckets,
+                                              param_of, size)
+            rank = ps.rank()
+            dtype = np.dtype(params[0].dtype)
+            bounds = [comm.chunk_bounds(b.total, size) for b in buckets]
+            c = comm.owned_chunk(rank, size)
+            self.chunks = [(lo[c], lo[c + 1]) for lo in bounds]    # this rank's, per bucket
+            self.shard = [np.zeros(hi - lo, dtype) for lo, hi in self.chunks]
+            shards = [self.shard[index][off:off + (b - a)]
+                      for (index, off), (_, a, b) in zip(where[rank], layout.ranks[rank])]
+        super().__init__(opt, layout, shards)
+        if self.scatter is not None and self.arrival:
+            self.buckets = self.scatter         # Strategy.pending() and zero_grad see them
+        if self.scatter is not None and self.autotuner is not None:
+            raise ValueError("sharding='gradients' fixes its buckets at construction; "
+                             "MPITRAIN_AUTOTUNE=1 changes them: unset it, or use "
+                             "sharding='optimizer'")
+
+    @staticmethod
+    def overlaps(opt):
+        """Whether the unsharded run's average overlaps backward in buckets
+        (GradientAveraging.bucket_allreduce's rule), else it fuses at the step."""
+        grads = [p.data for p in opt.params]
+        wire = {opt.compression.wire_dtype(g.dtype) for g in grads}
+        one_bucket = (len(wire) == 1 and 0 < opt.fusion_threshold_bytes
+                      and sum(g.size for g in grads) * next(iter(wire)).itemsize
+                      <= opt.fusion_threshold_bytes)
+        return bool(opt.overlap) and not one_bucket
+
+    def bucket_allreduce(self):
+        """The overlapping buckets (here reduce-scatters), where the unsharded run has them."""
+        if self.scatter is not None and self.arrival:
+            return self.scatter
+        return None
+
+    def set_fusion_threshold(self, threshold_bytes):
+        if self.scatter is not None:
+            raise ValueError("sharding='gradients' fixes its buckets (and each rank's share) "
+                             "at construction: pass fusion_threshold_bytes there")
+        super().set_fusion_threshold(threshold_bytes)
+
+    def average(self):
+        """Reduce-scatter every bucket, keep this rank's chunks (cast back from the wire
+        dtype), release every gradient."""
+        opt = self.opt
+        order = list(reversed(opt.params)) if self.arrival else list(opt.params)
+        flats = self.scatter.finish_flat([p.grad for p in order])
+        kernels = opt.params[0].kernels
+        for (_, flat), (lo, hi), shard in zip(flats, self.chunks, self.shard):
+            if flat.dtype == shard.dtype:
+                np.copyto(shard, flat[lo:hi])
+            elif hi > lo:
+                kernels.cast(shard, np.ascontiguousarray(flat[lo:hi]))
+        for p in opt.params:
+            p.release_grad()
+
+    def zero_grad(self):
+        super().zero_grad()
+        if self.scatter is not None:
+            for p in self.opt.params:
+                p.release_grad()
+
+    def memory_bytes(self):
+        held = super().memory_bytes()
+        if self.scatter is not None:
+            held["gradients"] = (sum(int(s.nbytes) for s in self.shard)
+                                 + sum(int(p.grad.nbytes) for p in self.opt.params
+                                       if p.holds_grad))
+        return held

@@ -151,8 +151,9 @@ class Config:
                         choices=AVERAGE_MODES)
     average_every: int = _opt(1, "steps between weight averages (--average weights)")
     sharding: str = _opt("none", "split across ranks: optimizer = each rank keeps and steps "
-                                 "the optimizer state of 1/N of the parameters (same bits; "
-                                 "gradients and parameters: not yet)", choices=SHARDINGS)
+                                 "the optimizer state of 1/N of the parameters; gradients = "
+                                 "and of the gradients, reduce-scattered (same bits; "
+                                 "parameters: not yet)", choices=SHARDINGS)
     fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
     fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
                                                        "allreduce per tensor; default 4 MiB "
@@ -300,7 +301,8 @@ class Config:
             raise UsageError("--clip-grad-norm clips averaged gradients; it does not apply to "
                              "--average weights")
         try:
-            check_sharding(self.sharding, self.average, self.deterministic)
+            check_sharding(self.sharding, self.average, self.deterministic,
+                           self.clip_grad_norm)
         except ValueError as exc:
             raise UsageError(f"--sharding {self.sharding}: {exc}") from None
         if self.sharding != "none" and self.device != "cpu":

@@ -1,8 +1,10 @@
-"""Optimizer-state sharding (``sharding="optimizer"``, ZeRO stage 1) under 1..4 ranks: the
-parameters are the unsharded run's bit for bit (SGD with momentum, Nesterov and weight decay,
-Adam, AdamW; clipping; accumulation; fp16 wire), each rank holds 1/N of the optimizer state, a
-checkpoint holds the unsharded state and loads into a run at any N, sharded or not, and what
-cannot be sharded is refused at construction on every rank.
+"""Sharded data parallel under 1..4 ranks, the optimizer state (``sharding="optimizer"``, ZeRO
+stage 1) and the gradients too (``"gradients"``, stage 2): the parameters are the unsharded
+run's bit for bit (SGD with momentum, Nesterov and weight decay, Adam, AdamW; clipping;
+accumulation; fp16 wire; overlapped buckets and the fused path), each rank holds 1/N of the
+optimizer state (and of the gradients), a checkpoint holds the unsharded state and loads into a
+run at any N, sharded or not, and what cannot be sharded is refused at construction on every
+rank.
 
 Both runs of a comparison use the same gradients path and one summation algorithm for every
 size (the ring), so the average is the same bits and only the sharding differs.
@@ -68,40 +70,62 @@ def assert_one_model(m):
     assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
 
 
+EXTRA = {
+    "plain": dict(),
+    "clip": dict(clip_grad_norm=0.5),
+    "accumulate": dict(k=2, overlap=False),
+    "accumulate-overlap": dict(k=2, fusion_threshold_bytes=256),
+    "fp16": dict(compression=mt.Compression.fp16),
+    "buckets": dict(fusion_threshold_bytes=256),                 # several overlapped buckets
+    "buckets-fp16": dict(fusion_threshold_bytes=256, compression=mt.Compression.fp16),
+    "per-tensor": dict(fusion_threshold_bytes=0, overlap=False),
+}
+
+
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
 @pytest.mark.parametrize("kind", sorted(INNER))
-@pytest.mark.parametrize("extra", [dict(), dict(clip_grad_norm=0.5),
-                                   dict(k=2, overlap=False),
-                                   dict(compression=mt.Compression.fp16)],
-                         ids=["plain", "clip", "accumulate", "fp16"])
-def test_sharded_parameters_are_the_unsharded_bits(kind, extra):
-    sharded, opt = train(kind, "optimizer", **extra)
+@pytest.mark.parametrize("extra", sorted(EXTRA))
+def test_sharded_parameters_are_the_unsharded_bits(sharding, kind, extra):
+    extra = EXTRA[extra]
+    if sharding == "gradients" and "clip_grad_norm" in extra:
+        pytest.skip("refused at construction (test_what_cannot_be_sharded)")
+    sharded, opt = train(kind, sharding, **extra)
     whole, _ = train(kind, "none", **extra)
     assert_bitwise(sharded, whole)
     assert_one_model(sharded)
-    assert "sharding='optimizer'" in repr(opt)
+    assert f"sharding={sharding!r}" in repr(opt)
 
 
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_each_rank_holds_its_share_of_the_optimizer_state(kind):
-    _, sharded = train(kind, "optimizer", steps=1)
+def test_each_rank_holds_its_share_of_the_optimizer_state(sharding, kind):
+    _, sharded = train(kind, sharding, steps=1)
     _, whole = train(kind, "none", steps=1)
     mine, all_of_it = sharded.memory_bytes(), whole.memory_bytes()
     assert mine["parameters"] == all_of_it["parameters"] > 0
-    # the slices cover the flat parameters once: their sum over the ranks is the whole
+    # the shares cover the flat parameters once: their sum over the ranks is the whole
     shares = mt.allgather_object(mine["optimizer_state"])
     assert sum(shares) == all_of_it["optimizer_state"] > 0
     itemsize = 4 * (2 if kind == "adam" else 1)           # float32, buffers per element
-    assert max(shares) - min(shares) <= itemsize
+    # one element per bucket more on some ranks (the chunks of each bucket differ by one)
+    assert max(shares) - min(shares) <= itemsize * (1 if sharding == "optimizer" else 8)
+    grads = mt.allgather_object(mine["gradients"])
+    if sharding == "optimizer" or N == 1:
+        assert grads == [all_of_it["gradients"]] * N
+    else:       # between steps a rank holds its chunks of the averaged gradient, no more
+        assert sum(grads) == all_of_it["gradients"], grads
 
 
-def test_a_checkpoint_holds_the_unsharded_state_and_resumes_at_any_n(tmp_path_factory):
+@pytest.mark.parametrize("written", ["optimizer", "gradients"])
+def test_a_checkpoint_holds_the_unsharded_state_and_resumes_at_any_n(tmp_path_factory,
+                                                                     written):
     folder = mt.broadcast_object(str(tmp_path_factory.mktemp("sharded")) if R == 0 else None,
                                  root_rank=0)
-    m, opt = train("adam", "optimizer", steps=3)
+    m, opt = train("adam", written, steps=3)
     mt.checkpoint.save(folder, m, opt, step=3)
-    uninterrupted, _ = train("adam", "optimizer", steps=2, start=3, m=m, opt=opt)
-    # resumed sharded, and resumed unsharded: both continue the same run
-    for sharding in ("optimizer", "none"):
+    uninterrupted, _ = train("adam", written, steps=2, start=3, m=m, opt=opt)
+    # resumed sharded either way, and resumed unsharded: all continue the same run
+    for sharding in ("optimizer", "gradients", "none"):
         m2 = model()
         opt2 = DistributedOptimizer(INNER["adam"](m2), m2.named_parameters(), sharding=sharding)
         assert mt.checkpoint.load_latest(folder, m2, opt2)["step"] == 3
@@ -121,11 +145,15 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
     m = model()
     for kwargs, message in [
             (dict(sharding="bogus"), "expected one of none, optimizer, gradients, parameters"),
-            (dict(sharding="gradients"), "not available yet"),
+            (dict(sharding="gradients", clip_grad_norm=1.0), "not available yet"),
+            (dict(sharding="gradients", compression=mt.Compression.none), None),
             (dict(sharding="parameters"), "not available yet"),
             (dict(sharding="optimizer", average="weights"), "has no gradients to shard"),
             (dict(sharding="optimizer", deterministic=True),
              "not available yet|power-of-two number of ranks")]:
+        if message is None:
+            DistributedOptimizer(INNER["sgd"](m), **kwargs)
+            continue
         with pytest.raises(ValueError, match=message):
             DistributedOptimizer(INNER["sgd"](m), **kwargs)
     mixed = model()

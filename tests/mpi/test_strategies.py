@@ -1,7 +1,8 @@
 """One suite that every averaging strategy of DistributedOptimizer passes, under 1..4 ranks.
 
 Strategies: gradients (overlapped buckets), gradients fused (``overlap=False``), weights
-(PNNL, every step) and deterministic (power-of-two N). Each must give, through the same own
+(PNNL, every step), deterministic (power-of-two N) and sharded (the optimizer state; the
+gradients too, fused or in overlapped buckets). Each must give, through the same own
 loop: the one-process result on the global batch (k = 1 and 2 passes a step); the OR of the
 ranks' step flags; a wrong pass count raising on every rank, after which the next step works;
 a checkpoint that resumes to the run it interrupted; its refusals as one ValueError on every
@@ -27,11 +28,15 @@ STRATEGIES = {
     "gradients-fused": dict(overlap=False),
     "weights": dict(average="weights"),
     "deterministic": dict(deterministic=True),
+    "sharded-optimizer": dict(sharding="optimizer"),
+    "sharded-gradients": dict(sharding="gradients"),
+    "sharded-gradients-buckets": dict(sharding="gradients", fusion_threshold_bytes=512),
 }
 # what the step's agreement carries, per strategy: flags travel where the step exchanges a
 # message (none in weights mode, which agrees nothing per step)
 EXCHANGES = {"gradients": True, "gradients-fused": True, "weights": False,
-             "deterministic": True}
+             "deterministic": True, "sharded-optimizer": True, "sharded-gradients": True,
+             "sharded-gradients-buckets": True}
 
 
 def usable(name):
@@ -180,6 +185,9 @@ def test_each_refusal_is_one_value_error_on_every_rank_at_construction():
         (dict(average="weights", compression=mt.Compression.fp16), "full-precision weights"),
         (dict(deterministic=True, average="weights"), "average='weights' is not supported"),
         (dict(deterministic=True, backward_passes_per_step=3), "a power of two, got 3"),
+        (dict(sharding="gradients", average="weights"), "has no gradients to shard"),
+        (dict(sharding="gradients", clip_grad_norm=1.0), "not available yet"),
+        (dict(sharding="parameters"), "not available yet"),
     ]
     if not is_power_of_two(N):
         refusals.append((dict(deterministic=True), "power-of-two number of ranks"))
