@@ -80,8 +80,16 @@ class BucketAllreduce:
         buckets = plan(self.specs, self.wire, self.threshold_bytes, self.arrival)
         for index, b in enumerate(buckets):
             inplace = len(b.entries) == 1 and no_cast[b.entries[0][0]]
-            b.index, b.flat = index, None if inplace else np.empty(b.total, b.dtype)
+            b.index, b.packed = index, not inplace
+            b.flat = None if inplace else np.empty(b.total, b.dtype)
         return buckets
+
+    def release(self):
+        """Free the packed buckets' buffers until the next step needs them (sharded
+        gradients keep only their chunk of each: the whole would be the memory saved)."""
+        for b in self.buckets or ():
+            if b.packed:
+                b.flat = None
 
     def _build(self):
         fields = dict(self.describe, threshold_bytes=self.threshold_bytes,
@@ -177,6 +185,8 @@ class BucketAllreduce:
         return error
 
     def _submit(self, b):
+        if b.packed and b.flat is None:          # released after the last step
+            b.flat = np.empty(b.total, b.dtype)
         if b.flat is None:
             a = self._arrays[b.entries[0][0]]
             flat = a.reshape(-1) if a.flags.c_contiguous else None

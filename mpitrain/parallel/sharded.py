@@ -332,6 +332,7 @@ class GradientSharding(OptimizerSharding):
                 np.copyto(shard, flat[lo:hi])
             elif hi > lo:
                 kernels.cast(shard, np.ascontiguousarray(flat[lo:hi]))
+        self.scatter.release()
         for p in opt.params:
             p.release_grad()
 
@@ -343,8 +344,10 @@ class GradientSharding(OptimizerSharding):
 
     def memory_bytes(self):
         held = super().memory_bytes()
-        if self.scatter is not None:
+        if self.scatter is not None:     # the shard, gradients not yet released, buckets
             held["gradients"] = (sum(int(s.nbytes) for s in self.shard)
                                  + sum(int(p.grad.nbytes) for p in self.opt.params
-                                       if p.holds_grad))
+                                       if p.holds_grad)
+                                 + sum(int(b.flat.nbytes) for b in self.scatter.buckets or ()
+                                       if b.flat is not None))
         return held

@@ -1,6 +1,7 @@
-"""``python -m mpitrain --sharding optimizer``: the parameters of the unsharded run, bit for bit,
-at N = 2 and 3; a sharded job's checkpoint holds the unsharded state, so an unsharded job resumes
-from it to the uninterrupted run's bits, and a sharded job on another N resumes from it too."""
+"""``python -m mpitrain --sharding optimizer|gradients``: the parameters of the unsharded run, bit
+for bit, at N = 2 and 3 (the ring at 3); a sharded job's checkpoint holds the unsharded state, so
+an unsharded job resumes from it to the uninterrupted run's bits, and a sharded job on another N
+resumes from it too; what cannot be sharded is one line and exit code 2."""
 import numpy as np
 import pytest
 
@@ -11,27 +12,47 @@ TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16"
         "--steps", "12"]
 
 
+RING = {"MPITRAIN_ALLREDUCE": "ring"}
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_sharded_run_ends_on_the_unsharded_bits(tmp_path, n):
-    for sharding in ("optimizer", "none"):
-        run_mpitrain(n, [*TINY, "--sharding", sharding, "--save", f"{sharding}.npz"], tmp_path)
-    sharded, whole = load_npz(tmp_path / "optimizer.npz"), load_npz(tmp_path / "none.npz")
-    assert sharded.keys() == whole.keys()
-    for key in whole:
-        assert sharded[key].tobytes() == whole[key].tobytes(), key
+    for sharding in ("optimizer", "gradients", "none"):
+        run_mpitrain(n, [*TINY, "--sharding", sharding, "--save", f"{sharding}.npz"], tmp_path,
+                     env=RING)
+    whole = load_npz(tmp_path / "none.npz")
+    for sharding in ("optimizer", "gradients"):
+        sharded = load_npz(tmp_path / f"{sharding}.npz")
+        assert sharded.keys() == whole.keys()
+        for key in whole:
+            assert sharded[key].tobytes() == whole[key].tobytes(), (sharding, key)
 
 
-def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path):
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path, sharding):
     ck = ["--checkpoint-dir", "ck", "--checkpoint-every", "6"]
-    run_mpitrain(3, [*TINY, "--sharding", "optimizer", *ck, "--save", "whole.npz"], tmp_path)
+    run_mpitrain(3, [*TINY, "--sharding", sharding, *ck, "--save", "whole.npz"], tmp_path,
+                 env=RING)
     # the run again from its step-6 checkpoint, unsharded: the same 6 last steps
     (tmp_path / "ck" / "ckpt-00000012.npz").unlink()
     run_mpitrain(3, [*TINY, "--sharding", "none", *ck, "--resume", "--save", "resumed.npz"],
-                 tmp_path)
+                 tmp_path, env=RING)
     resumed, whole = load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz")
     for key in whole:
         assert resumed[key].tobytes() == whole[key].tobytes(), key
     # and on two ranks, sharded: it loads its slices of the same state and trains on
-    run_mpitrain(2, [*TINY, "--steps", "14", "--sharding", "optimizer", *ck, "--resume",
+    run_mpitrain(2, [*TINY, "--steps", "14", "--sharding", sharding, *ck, "--resume",
                      "--save", "other_n.npz"], tmp_path)
     assert all(np.isfinite(v).all() for v in load_npz(tmp_path / "other_n.npz").values())
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--sharding", "gradients", "--clip-grad-norm", "1"], "clip_grad_norm is not available"),
+    (["--sharding", "optimizer", "--uneven"], "with --uneven is not available yet"),
+    (["--sharding", "parameters"], "not available yet"),
+])
+def test_what_cannot_be_sharded_is_one_line_and_exit_2(tmp_path, flags, message):
+    p = run_mpitrain(2, [*TINY, *flags], tmp_path, ok=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and message in lines[0], p.stderr[-2000:]

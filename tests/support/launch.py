@@ -37,14 +37,14 @@ def load_npz(path):
         return {k: z[k] for k in z.files}
 
 
-def run_mpitrain(n, args, cwd, ok=True, timeout_s=120):
+def run_mpitrain(n, args, cwd, ok=True, timeout_s=120, env=None):
     """``mpiexec -n n python -m mpitrain *args`` in ``cwd`` under ``timeout`` (a hung job is
-    killed, never left behind); the CompletedProcess, asserted successful unless ``ok`` is
-    False."""
+    killed, never left behind), with ``env`` (a dict) added to the environment; the
+    CompletedProcess, asserted successful unless ``ok`` is False."""
     cmd = ["timeout", "-k", "5", str(timeout_s), MPIEXEC, "-n", str(n), sys.executable, "-m",
            "mpitrain", *args]
-    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                       timeout=timeout_s + 30)
+    p = subprocess.run(cmd, cwd=cwd, env=child_env(**(env or {})), capture_output=True,
+                       text=True, timeout=timeout_s + 30)
     if ok:
         assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
     return p
