@@ -162,3 +162,39 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
     with pytest.raises(ValueError, match="one dtype"):
         DistributedOptimizer(mt.optim.SGD(params, lr=0.1), sharding="optimizer")
     mt.barrier()
+
+
+ZOO = {
+    "gpt": (lambda: mt.models.get("gpt", vocab_size=17, block_size=8, n_layer=2, n_head=2,
+                                  n_embd=16),
+            lambda rng: (rng.integers(0, 17, (2, 8)), rng.integers(0, 17, (2, 8)))),
+    "resnet20": (lambda: mt.models.get("resnet20"),
+                 lambda rng: (rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
+                              rng.integers(0, 10, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_zoo_models_shard_to_the_unsharded_bits(name):
+    """Several overlapped buckets (a small threshold), BatchNorm buffers, embeddings."""
+    build, data = ZOO[name]
+
+    def run(sharding):
+        m = build()
+        opt = DistributedOptimizer(
+            mt.optim.AdamW(m.parameters(), lr=1e-3, no_decay=mt.optim.is_bias_or_norm),
+            m.named_parameters(), sharding=sharding, fusion_threshold_bytes=20000)
+        loss_fn = mt.nn.SoftmaxCrossEntropy()
+        for t in range(2):
+            x, y = data(np.random.default_rng(10 * t + R))
+            opt.zero_grad()
+            loss_fn(m.forward_through(x), y)
+            m.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
+            opt.step()
+        return m
+
+    sharded = run("gradients")
+    assert_bitwise(sharded, run("none"))
+    # one model (BatchNorm's running statistics are each rank's own, sharded or not)
+    flat = b"".join(p.data.tobytes() for p in sharded.parameters())
+    assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
