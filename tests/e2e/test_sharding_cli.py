@@ -2,10 +2,13 @@
 for bit, at N = 2 and 3 (the ring at 3); a sharded job's checkpoint holds the unsharded state, so
 an unsharded job resumes from it to the uninterrupted run's bits, and a sharded job on another N
 resumes from it too; what cannot be sharded is one line and exit code 2."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from tests.support.launch import load_npz, run_mpitrain
+from tests.support.launch import MPIEXEC, REPO, child_env, load_npz, run_mpitrain
 
 TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
         "--batch-size", "8", "--no-progress", "--optimizer", "adam", "--lr", "0.01",
@@ -56,3 +59,23 @@ def test_what_cannot_be_sharded_is_one_line_and_exit_2(tmp_path, flags, message)
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and message in lines[0], p.stderr[-2000:]
+
+
+def test_the_launcher_restarts_a_killed_sharded_job_to_the_same_bits(tmp_path):
+    """SIGKILL of rank 1 before step 8 (tests/support/faults.py); mpitrainrun restarts the job,
+    which resumes from the step-6 checkpoint and ends on the uninterrupted run's bits."""
+    flags = [*TINY, "--sharding", "gradients"]
+    run_mpitrain(2, [*flags, "--save", "whole.npz"], tmp_path)
+    cmd = ["timeout", "-k", "5", "240", sys.executable, "-m", "mpitrain.run", "--mpiexec",
+           MPIEXEC, "--restart-delay", "0.2", "-np", "2", "--max-restarts", "1",
+           sys.executable, str(REPO / "tests" / "support" / "faults.py"), *flags,
+           "--checkpoint-dir", "ck", "--checkpoint-every", "3", "--resume-if-exists",
+           "--save", "restarted.npz"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=270,
+                       env=child_env(FAULT="kill", FAULT_RANK="1", FAULT_STEP="7"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "restart 1 of 1" in p.stderr
+    assert "resumed from" in p.stdout and "at step 6" in p.stdout, p.stdout[-2000:]
+    whole, restarted = load_npz(tmp_path / "whole.npz"), load_npz(tmp_path / "restarted.npz")
+    for key in whole:
+        assert restarted[key].tobytes() == whole[key].tobytes(), key
