@@ -34,6 +34,9 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
   parameters are sent to all (sharding.py); ``consolidate_state_dict(to)`` then ``state_dict()``
   on rank ``to`` give the whole state. ZeroRedundancyOptimizer (zero.py) is this mixin on a
   torch.optim.Optimizer of its own with a local optimizer inside;
+- ``sharding="gradients"``: as "optimizer", the buckets reduce-scattered instead of allreduced
+  and each averaged gradient kept by its parameter's owner only (``p.grad`` None for the
+  others; sharding.GradientShards); ``clip_grad_norm_`` clips by the whole gradients' norm;
 - ``memory_bytes()``: the bytes this rank holds for parameters, gradients and optimizer state.
 """
 import contextlib
@@ -46,7 +49,9 @@ from mpitrain import comm
 from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributedOptimizer
 from mpitrain.torch.adapter import TorchOptimizer, TorchParameter
 from mpitrain.torch.compression import Compression, builtin, is_compression
-from mpitrain.torch.sharding import Partition, check_groups, check_rank, memory_bytes
+from mpitrain.torch.ops import allgather_object
+from mpitrain.torch.sharding import (GradientShards, Partition, check_groups, check_rank,
+                                     memory_bytes)
 
 SHARDINGS = ("none", "optimizer", "gradients", "parameters")
 
@@ -98,9 +103,10 @@ class DistributedMixin:
         self.skipping = False             # inside skip_synchronize()
         self.mt_hooks = []
         self.mt_optimizer = None     # None on a rank outside process_set: it steps alone
-        # sharding="optimizer": which rank steps which parameter (sharding.py), else None
+        # sharded: which rank steps which parameter (sharding.py), else None
+        self.mt_sharding = sharding
         self.mt_partition = (Partition(self.param_groups, process_set, self.mt_who)
-                             if sharding == "optimizer" else None)
+                             if sharding in ("optimizer", "gradients") else None)
         self.mt_consolidated = None  # consolidate_state_dict's merged state, on its rank
         self.mt_build()
 
@@ -142,6 +148,11 @@ class DistributedMixin:
             backward_passes_per_step=arguments["backward_passes_per_step"],
             process_set=process_set, overlap=arguments["overlap"],
             fusion_threshold_bytes=arguments["fusion_threshold_bytes"])
+        if self.mt_sharding == "gradients":
+            # the buckets reduce-scattered, each gradient kept by its parameter's owner only
+            self.mt_optimizer.strategy = GradientShards(
+                self.mt_optimizer, [self.mt_partition.owner[id(p)] for p in params],
+                self.mt_who)
         for p, a in zip(params, adapters):
             previous = getattr(p, HOOK_ATTRIBUTE, None)
             if previous is not None:
@@ -223,6 +234,48 @@ class DistributedMixin:
         if self.mt_optimizer is None:
             return self.inner_zero_grad(set_to_none)
         self.mt_optimizer.zero_grad(inner=lambda: self.inner_zero_grad(set_to_none))
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of every parameter of
+        ``param_groups`` (in their order), between backward and ``step()``; returns the total
+        norm. Averages first where that is not done yet. With ``sharding="gradients"`` a rank
+        holds its partition's gradients only, so torch's own function would see those alone:
+        this gathers each gradient's norm from its owner and returns, and clips with, torch's
+        total norm over the whole gradients (the same bits, on every rank)."""
+        params = trained_parameters(self.param_groups)
+        if self.mt_optimizer is not None:
+            self.average()
+        partition = self.mt_partition
+        if self.mt_sharding != "gradients" or partition.size == 1:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type,
+                                                  error_if_nonfinite)
+        norm_type = float(norm_type)
+        with torch.no_grad():
+            mine = {i: torch.linalg.vector_norm(p.grad, norm_type)
+                    for i, p in enumerate(params) if p.grad is not None and partition.owns(p)}
+            norms = {}
+            for theirs in allgather_object(mine, process_set=self.process_set):
+                norms.update(theirs)
+            if not norms:
+                return torch.tensor(0.0)
+            # torch's order: grouped by (device, dtype) in the order they first appear
+            groups = {}
+            for i in sorted(norms):
+                groups.setdefault((params[i].device, params[i].dtype), []).append(norms[i])
+            first = params[min(norms)].device
+            total = torch.linalg.vector_norm(
+                torch.stack([n.to(first) for group in groups.values() for n in group]),
+                norm_type)
+            if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+                raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
+                                   f"`parameters` is non-finite, so it cannot be clipped; "
+                                   f"error_if_nonfinite=False scales by it anyway")
+            clamped = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            for i in norms:
+                p = params[i]
+                if partition.owns(p):
+                    p.grad.mul_(clamped.to(p.grad.device))
+        return total
 
     def no_sync(self):
         """``with opt.no_sync():`` backward passes inside sum into ``p.grad`` without being
@@ -368,7 +421,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     updated parameters reach every rank; bitwise the unsharded parameters for optimizers that
     update each parameter on its own. ``consolidate_state_dict(to=0)`` (every rank) then
     ``state_dict()`` on rank 0 gives the whole state; ``load_state_dict`` takes one saved at
-    any N. "gradients" and "parameters" are not available here yet.
+    any N. "gradients": as "optimizer", the gradients reduce-scattered and each kept by its
+    parameter's owner only (``p.grad`` is None for the others between steps); clip with
+    ``opt.clip_grad_norm_``, not torch's function. "parameters" is not available here yet.
     """
     check_sharding(sharding)
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -392,9 +447,9 @@ def check_sharding(sharding):
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding {sharding!r}: expected one of "
                          f"{', '.join(repr(s) for s in SHARDINGS)}")
-    if sharding in ("gradients", "parameters"):
-        raise ValueError(f"sharding={sharding!r} is not available in mpitrain.torch yet; "
-                         f"sharding='optimizer' shards the optimizer state")
+    if sharding == "parameters":
+        raise ValueError("sharding='parameters' is not available in mpitrain.torch yet; "
+                         "sharding='gradients' shards the optimizer state and the gradients")
 
 
 def trained_parameters(param_groups):

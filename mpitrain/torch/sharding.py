@@ -3,7 +3,8 @@ the ranks' pieces become one model and one optimizer state again.
 
 Used by ``ZeroRedundancyOptimizer`` (zero.py) and ``DistributedOptimizer(...,
 sharding="optimizer")`` (optimizer.py). Both average every gradient as the unsharded
-DistributedOptimizer does; then
+DistributedOptimizer does (``sharding="gradients"`` reduce-scatters them instead:
+``GradientShards``, at the end of this file); then
 
     rank r:  its optimizer steps the parameters of its partition (state for those only)
     all:     every rank's updated parameters reach every rank (one allgather per dtype)
@@ -22,8 +23,12 @@ order (as ``torch.optim.Optimizer.state_dict`` numbers them): ``consolidate`` (c
 gathers every rank's entries on one rank, so a state saved at one N loads at any other, into a
 sharded optimizer (each rank keeps its partition's entries) or an unsharded one.
 """
+import numpy as np
 import torch
 
+from mpitrain import comm
+from mpitrain.parallel.gradients import Compressor, GradientAveraging
+from mpitrain.parallel.sharded import GradientSharding
 from mpitrain.torch.ops import allgather, broadcast_object
 
 
@@ -183,3 +188,155 @@ def check_rank(to, size, who):
         raise ValueError(f"{who}: to={to!r} is not a rank of the process set "
                          f"(0..{size - 1})")
 
+
+
+# -- sharded gradients ---------------------------------------------------------------------------
+
+class GradientShards(GradientAveraging):
+    """``sharding="gradients"``: the gradient averaging strategy of mpitrain's
+    DistributedOptimizer (parallel/gradients.py) with the unsharded run's buckets
+    reduce-scattered on the ring instead of allreduced; the averaged elements reach the rank
+    that owns their parameter, and the gradients of the parameters a rank does not own are
+    dropped (``p.grad = None``).
+
+    The buckets are the unsharded run's (the overlapped ones in arrival order, or the fusion
+    buffer's plan where the unsharded run fuses at the step), so every element is summed by the
+    same ring additions as unsharded: after the reduce-scatter rank r holds chunk
+    ``comm.owned_chunk(r, N)`` of each bucket with the unsharded average's bits. The partition
+    is of whole parameters (``Partition``), the chunks are not: each chunk holder sends the
+    pieces of its chunks to the owners of their parameters (one alltoall per dtype, routes
+    known to every rank from the plan), and the owner writes them into ``p.grad``. Each element
+    then moved once more (at most 1/N of the gradient per rank), instead of the allreduce's
+    second phase.
+
+    Where the buckets do not apply (device tensors, a compressor of the user's own) the
+    gradients are allreduced as unsharded and then dropped: the same bits, the memory saved
+    between steps, not the traffic (``reduce_scatters`` is False).
+    """
+
+    def __init__(self, opt, owners, who):
+        super().__init__(opt)
+        self.owners = list(owners)     # per parameter of opt.params: the rank stepping it
+        self.who = who
+        ps = opt.process_set
+        included = ps.included() is not False
+        self.size = ps.size() if included else 1
+        self.rank = ps.rank() if included else 0
+        self.scatter = None
+        params = opt.params
+        if not (self.size > 1 and params and not comm.on_device(params[0].data)
+                and isinstance(opt.compression, Compressor)):
+            return
+        if self.autotuner is not None:
+            raise ValueError(f"{who}: sharding='gradients' fixes its buckets at construction; "
+                             f"MPITRAIN_AUTOTUNE=1 changes them: unset it, or use "
+                             f"sharding='optimizer'")
+        self.arrival = GradientSharding.overlaps(opt)   # where the unsharded run overlaps
+        n = len(params)
+        order = list(reversed(params)) if self.arrival else list(params)
+        self.param_of = [n - 1 - i for i in range(n)] if self.arrival else list(range(n))
+        specs = [(tuple(p.data.shape), np.dtype(p.dtype)) for p in order]
+        wire = [opt.compression.wire_dtype(d) for _, d in specs]
+        f = opt.gradient_predivide_factor
+        self.scatter = comm.bucket_reduce_scatter(
+            ps, specs, opt.fusion_threshold_bytes, opt.op, 1.0 / f, f,
+            "DistributedOptimizer.gradients", wire_dtypes=wire, arrival=self.arrival, who=who)
+        if self.arrival:
+            self.buckets = self.scatter              # the backward hook fills them
+        self.dtypes = sorted({np.dtype(p.dtype) for p in params}, key=str)
+        self.routes(comm.bucket_plan(specs, wire, opt.fusion_threshold_bytes, self.arrival))
+
+    @property
+    def reduce_scatters(self):
+        return self.scatter is not None
+
+    def routes(self, buckets):
+        """Where each piece of this rank's chunks goes and where each piece it receives
+        lands, in the same order on both ends: ``sends[o]`` [(bucket, start, stop, parameter,
+        the parameter's offset in the bucket)] (elements of the bucket), ``receives[r]``
+        [(parameter, start, stop)] (elements of the flattened parameter)."""
+        size, me = self.size, self.rank
+        self.sends = [[] for _ in range(size)]
+        self.receives = [[] for _ in range(size)]
+        for k, b in enumerate(buckets):
+            bounds = comm.chunk_bounds(b.total, size)
+            for r in range(size):
+                c = comm.owned_chunk(r, size)
+                lo, hi = bounds[c], bounds[c + 1]
+                for i, off, length in b.entries:
+                    a, z = max(lo, off), min(hi, off + length)
+                    if z <= a:
+                        continue
+                    j = self.param_of[i]
+                    owner = self.owners[j]
+                    if r == me:
+                        self.sends[owner].append((k, a, z, j, off))
+                    if owner == me:
+                        self.receives[r].append((j, a - off, z - off))
+
+    def bucket_allreduce(self):
+        if self.scatter is not None:
+            return self.scatter if self.arrival else None
+        return super().bucket_allreduce()
+
+    def set_fusion_threshold(self, threshold_bytes):
+        if self.scatter is not None:
+            raise ValueError(f"{self.who}: sharding='gradients' fixes its buckets (and each "
+                             f"rank's chunks) at construction: pass fusion_threshold_bytes "
+                             f"there")
+        super().set_fusion_threshold(threshold_bytes)
+
+    def average(self):
+        if self.scatter is None:
+            super().average()
+        else:
+            self.scatter_average()
+        for p, owner in zip(self.opt.params, self.owners):
+            if owner != self.rank:
+                p.drop_grad()
+
+    def scatter_average(self):
+        """Reduce-scatter every bucket, then send each piece of this rank's chunks to its
+        parameter's owner, which writes it into ``p.grad``."""
+        opt = self.opt
+        params = opt.params
+        order = [params[j] for j in self.param_of]
+        flats = [flat for _, flat in self.scatter.finish_flat([p.grad for p in order])]
+        me = self.rank
+        owned = {}                         # parameter -> (its gradient, a flat view of it)
+
+        def target(j):
+            if j not in owned:
+                g = params[j].grad
+                owned[j] = (g, g.reshape(-1) if g.flags.c_contiguous else g.flatten())
+            return owned[j][1]
+
+        for k, a, z, j, off in self.sends[me]:  # pieces of this rank's own parameters
+            target(j)[a - off:z - off] = flats[k][a:z]
+        for dtype in self.dtypes:
+            out_parts, splits = [], []
+            for o in range(self.size):
+                parts = ([] if o == me else
+                         [flats[k][a:z] for k, a, z, j, _ in self.sends[o]
+                          if np.dtype(params[j].dtype) == dtype])
+                splits.append(sum(int(p.size) for p in parts))
+                out_parts.extend(parts)
+            send = np.empty(sum(splits), dtype)
+            pos = 0
+            for part in out_parts:
+                send[pos:pos + part.size] = part           # from the wire dtype (exact)
+                pos += part.size
+            got, _ = comm.alltoall(send, splits=splits, name=f"{self.who}.gradients.{dtype}",
+                                   process_set=opt.process_set)
+            pos = 0
+            for r in range(self.size):
+                if r == me:
+                    continue
+                for j, a, z in self.receives[r]:
+                    if np.dtype(params[j].dtype) == dtype:
+                        target(j)[a:z] = got[pos:pos + z - a]
+                        pos += z - a
+        for g, view in owned.values():
+            if not np.shares_memory(view, g):
+                g[...] = view.reshape(g.shape)
+        self.scatter.release()

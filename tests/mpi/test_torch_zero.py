@@ -1,9 +1,11 @@
 """Sharded optimizer state in mpitrain.torch: hvd.ZeroRedundancyOptimizer and
-hvd.DistributedOptimizer(..., sharding="optimizer") give bitwise the parameters of the
-unsharded hvd.DistributedOptimizer (SGD with nesterov momentum and weight decay, Adam, AdamW;
-uneven partitions, ranks without parameters), hold ~1/N of its optimizer state, consolidate
-to its state_dict, load a state saved at another N, add parameter groups, and raise one-line
-errors on every rank. Runs as 1 process and under mpiexec -n 2, 3, 4."""
+hvd.DistributedOptimizer(..., sharding="optimizer" or "gradients") give bitwise the parameters
+of the unsharded hvd.DistributedOptimizer (SGD with nesterov momentum and weight decay, Adam,
+AdamW; uneven partitions, ranks without parameters), hold ~1/N of its optimizer state (and
+with "gradients" of its gradients), consolidate to its state_dict, load a state saved at
+another N, add parameter groups, and raise one-line errors on every rank. Runs as 1 process
+and under mpiexec -n 2, 3, 4; sharded gradients under the ring allreduce (the unsharded run's
+sums at N >= 3 are the ring's only with it)."""
 import os
 import tempfile
 
@@ -17,12 +19,23 @@ from torch import nn                           # noqa: E402
 B = 3               # per-rank batch
 STEPS = 4
 KINDS = ["sgd", "adam", "adamw"]
-SHARDED = ["zero", "sharding"]
+SHARDED = ["zero", "sharding", "gradients"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def horovod_init():
     hvd.init()
+
+
+@pytest.fixture(autouse=True)
+def ring_for_sharded_gradients(request, use_settings):
+    """Tests of sharding="gradients" run with the ring allreduce: its reduce-scatter sums each
+    element as the unsharded ring allreduce does (MPI's own may sum in another order at
+    N >= 3)."""
+    callspec = getattr(request.node, "callspec", None)
+    if ((callspec is not None and callspec.params.get("how") == "gradients")
+            or "gradients" in request.node.name):
+        use_settings(algorithm="ring")
 
 
 def mlp(seed=0):
@@ -52,13 +65,14 @@ OPTIMIZERS = {
 }
 
 
-def make(how, kind, params):
-    """The optimizer under test: "unsharded" (the reference), "sharding" or "zero"."""
+def make(how, kind, params, **kwargs):
+    """The optimizer under test: "unsharded" (the reference), "sharding" (the optimizer
+    state), "gradients" (and the gradients) or "zero"."""
     cls, defaults = OPTIMIZERS[kind]
     if how == "zero":
         return hvd.ZeroRedundancyOptimizer(params, cls, **defaults)
-    sharding = "optimizer" if how == "sharding" else "none"
-    return hvd.DistributedOptimizer(cls(params, **defaults), sharding=sharding)
+    sharding = {"sharding": "optimizer", "gradients": "gradients"}.get(how, "none")
+    return hvd.DistributedOptimizer(cls(params, **defaults), sharding=sharding, **kwargs)
 
 
 def batch(step, features=16):
@@ -150,15 +164,17 @@ class TwoDtypes(nn.Module):
         return self.a(x).sum(1) + self.b(x.double()).sum(1).float()
 
 
-def test_the_wrappers_sharding_takes_parameters_of_two_dtypes():
+def test_the_wrappers_sharding_takes_parameters_of_two_dtypes(use_settings):
+    use_settings(algorithm="ring")         # for sharding="gradients"
     results = {}
-    for how in ["unsharded", "sharding"]:
+    for how in ["unsharded", "sharding", "gradients"]:
         model = TwoDtypes()
         opt = make(how, "adam", model.parameters())
         train(model, opt)
         results[how] = [p.detach().clone() for p in model.parameters()]
-    for a, b in zip(results["sharding"], results["unsharded"]):
-        assert a.dtype == b.dtype and torch.equal(a, b)
+    for how in ["sharding", "gradients"]:
+        for a, b in zip(results[how], results["unsharded"]):
+            assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_the_partition_is_pytorchs_sorted_greedy():
@@ -186,7 +202,12 @@ def test_memory_bytes_shows_the_saving(how):
     assert set(mine) == {"parameters", "gradients", "optimizer_state"}
     assert mine["parameters"] == whole["parameters"] == sum(
         p.numel() * 4 for g in full.param_groups for p in g["params"])
-    assert mine["gradients"] == whole["gradients"]
+    grads = hvd.allgather(torch.tensor([mine["gradients"]]))
+    if how == "gradients":            # each gradient on its owner only, between steps
+        assert grads.sum().item() == whole["gradients"] == whole["parameters"]
+        assert grads.max().item() <= whole["gradients"] / n * 1.02
+    else:
+        assert mine["gradients"] == whole["gradients"]
     # Adam: two moments of every parameter plus a 4-byte step each
     assert whole["optimizer_state"] == 2 * whole["parameters"] + 4 * 24
     states = hvd.allgather(torch.tensor([mine["optimizer_state"]]))
@@ -194,7 +215,8 @@ def test_memory_bytes_shows_the_saving(how):
     assert states.max().item() <= whole["optimizer_state"] / n * 1.02
     if hvd.rank() == 0:
         print(f"\nN={n} {how}: optimizer_state {states.tolist()} of "
-              f"{whole['optimizer_state']} bytes unsharded")
+              f"{whole['optimizer_state']} bytes unsharded, gradients {grads.tolist()} of "
+              f"{whole['gradients']}")
 
 
 # -- the state_dict -----------------------------------------------------------------------------
@@ -232,10 +254,11 @@ def save_on_rank0(obj):
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_a_state_saved_at_another_n_loads_and_continues_as_unsharded(kind):
+def test_a_state_saved_at_another_n_loads_and_continues_as_unsharded(kind, use_settings):
     """A ZeroRedundancyOptimizer over the first max(1, N - 1) ranks trains and saves; all N
     load the file into each optimizer, continue, and end bitwise where the unsharded one
     does."""
+    use_settings(algorithm="ring")         # sharding="gradients" is among the loaders
     n, r = hvd.size(), hvd.rank()
     savers = list(range(max(1, n - 1)))
     ps = hvd.add_process_set(savers) if n > 1 else hvd.global_process_set
@@ -262,7 +285,7 @@ def test_a_state_saved_at_another_n_loads_and_continues_as_unsharded(kind):
     path = save_on_rank0(saved)
     try:
         results = {}
-        for how in ["unsharded", "sharding", "zero"]:
+        for how in ["unsharded", "sharding", "gradients", "zero"]:
             checkpoint = torch.load(path, weights_only=True)
             model = mlp()
             model.load_state_dict(checkpoint["model"])
@@ -274,11 +297,11 @@ def test_a_state_saved_at_another_n_loads_and_continues_as_unsharded(kind):
                 assert counts.sum().item() == len(list(model.parameters()))
             train(model, opt, steps=3, first=10)
             results[how] = (flat(model), opt)
-        assert bitwise_equal(results["sharding"][0], results["unsharded"][0])
-        assert bitwise_equal(results["zero"][0], results["unsharded"][0])
+        for how in ["sharding", "gradients", "zero"]:
+            assert bitwise_equal(results[how][0], results["unsharded"][0]), how
         # and the continued states are the same again
         full = results["unsharded"][1].state_dict()
-        for how in ["sharding", "zero"]:
+        for how in ["sharding", "gradients", "zero"]:
             opt = results[how][1]
             opt.consolidate_state_dict(to=0)
             if r == 0:
@@ -353,11 +376,10 @@ def test_sharding_argument_errors():
     with pytest.raises(ValueError, match="'none', 'optimizer', 'gradients', 'parameters'") as e:
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sharding="zero")
     one_line(e)
-    for sharding in ["gradients", "parameters"]:
-        with pytest.raises(ValueError, match="not available in mpitrain.torch yet") as e:
-            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     sharding=sharding)
-        one_line(e)
+    with pytest.raises(ValueError, match="not available in mpitrain.torch yet") as e:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 sharding="parameters")
+    one_line(e)
     hvd.barrier()
 
 
@@ -403,3 +425,86 @@ def test_state_errors_raise_on_every_rank(how):
     one_line(e)
     train(model, opt, steps=1, first=5)          # the optimizer goes on after the errors
     assert_replicas_bitwise_equal(model)
+
+
+# -- sharding="gradients": reduce-scattered, each gradient on its owner only -------------------
+
+def owned_by_me(opt):
+    return {id(p) for params in opt.mt_partition.mine for p in params}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("setup", ["overlapped", "fp16", "accumulated"])
+def test_sharded_gradients_are_bitwise_the_unsharded_ones_in_buckets(kind, setup):
+    """Several overlapped buckets (fusion_threshold_bytes=512), fp16 on the wire, two
+    backward passes per step: the unsharded parameters' bits, with reduce-scatters."""
+    kwargs = dict(fusion_threshold_bytes=512)
+    if setup == "fp16":
+        kwargs["compression"] = hvd.Compression.fp16
+    passes = 2 if setup == "accumulated" else 1
+    if passes > 1:
+        kwargs["backward_passes_per_step"] = passes
+    results = {}
+    for how in ["unsharded", "gradients"]:
+        model = mlp()
+        opt = make(how, kind, model.parameters(), named_parameters=model.named_parameters(),
+                   **kwargs)
+        for step in range(STEPS):
+            opt.zero_grad()
+            for k in range(passes):
+                model(batch(step * passes + k)).pow(2).mean().backward()
+            opt.step()
+        results[how] = flat(model)
+        if how == "gradients" and hvd.size() > 1:
+            assert opt.mt_optimizer.strategy.reduce_scatters
+    assert bitwise_equal(results["gradients"], results["unsharded"])
+
+
+@pytest.mark.parametrize("threshold", [None, 512])
+def test_sharded_gradients_are_held_by_their_owner_only(threshold):
+    """After backward each rank holds the averaged gradients of its partition, bitwise the
+    unsharded averages, and None for the others; the same after the step."""
+    reference = mlp()
+    full = make("unsharded", "sgd", reference.parameters(), fusion_threshold_bytes=threshold)
+    model = mlp()
+    opt = make("gradients", "sgd", model.parameters(), fusion_threshold_bytes=threshold)
+    mine = owned_by_me(opt)
+    for step in range(2):
+        for m, o in [(reference, full), (model, opt)]:
+            o.zero_grad()
+            m(batch(step)).pow(2).mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            if id(p) in mine:
+                assert p.grad is not None and bitwise_equal(p.grad, q.grad)
+            else:
+                assert p.grad is None
+        full.step()
+        opt.step()
+        assert [p.grad is not None for p in model.parameters()] == [
+            id(p) in mine for p in model.parameters()]
+    held = hvd.allgather(torch.tensor([[id(p) in mine for p in model.parameters()]]))
+    assert held.sum(0).tolist() == [1] * len(list(model.parameters()))   # one owner each
+    assert bitwise_equal(flat(model), flat(reference))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_sharded_gradients_clip_with_the_optimizers_method(kind):
+    """opt.clip_grad_norm_ gathers the norms of the gradients a rank does not hold: the total
+    norm and the parameters are torch.nn.utils.clip_grad_norm_'s on the unsharded run."""
+    results = {}
+    for how in ["unsharded", "gradients"]:
+        model = mlp()
+        opt = make(how, kind, model.parameters())
+        norms = []
+        for step in range(STEPS):
+            opt.zero_grad()
+            model(batch(step)).pow(2).mean().backward()
+            if how == "unsharded":
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01))
+            else:
+                norms.append(opt.clip_grad_norm_(0.01))
+            opt.step()
+        results[how] = (flat(model), torch.stack(norms))
+    assert bitwise_equal(results["gradients"][1], results["unsharded"][1])
+    assert (results["unsharded"][1] > 0.01).any()          # the clip did clip
+    assert bitwise_equal(results["gradients"][0], results["unsharded"][0])
