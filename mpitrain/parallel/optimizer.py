@@ -169,9 +169,18 @@ class DistributedOptimizer:
         self.optimizer.load_state_dict(state)
 
     def load_checkpoint_state(self, state):
-        """Load what ``checkpoint_state`` returned (of a run at any N): the one way a
+        """Load what ``checkpoint_state`` returned (of a run at any N), or a sharded
+        checkpoint's reader (``read``/``whole``: train/checkpoint_shards.py): the one way a
         checkpoint's optimizer state comes back (mt.checkpoint.load_latest, the CLI)."""
+        if hasattr(state, "whole") and not self.strategy.reads_pieces:
+            state = state.whole()           # an unsharded optimizer needs all of it
         self.strategy.load_checkpoint_state(state)
+
+    def checkpoint_pieces(self):
+        """This rank's piece of the optimizer state, for a checkpoint every rank writes its
+        part of (sharded: (scalars, [(parameter, start, stop)], {buffer: values}, shapes)), or
+        None where a checkpoint holds ``checkpoint_state()`` instead."""
+        return self.strategy.checkpoint_pieces()
 
     def memory_bytes(self):
         """The bytes this rank holds: {"parameters", "gradients", "optimizer_state"}."""

@@ -146,17 +146,20 @@ class Layout:
                         where[r].append((index, a - lo))
         return cls(sizes, ranks), where
 
-    def gather(self, mine, dtype, process_set):
+    def gather(self, mine, dtype, process_set, out=None, skip=None):
         """Every rank's values of its pieces (``mine``: this rank's, concatenated in piece
-        order), allgathered: one flat array per parameter."""
+        order), allgathered into ``out`` (flat arrays, one per parameter; default new ones),
+        the pieces of rank ``skip`` left as they are; returns ``out``."""
         every = mine if len(self.ranks) == 1 else comm.allgather(
             np.ascontiguousarray(mine, dtype), name="DistributedOptimizer.sharded",
             process_set=process_set)
-        out = [np.empty(n, dtype) for n in self.sizes]
+        if out is None:
+            out = [np.empty(n, dtype) for n in self.sizes]
         pos = 0
-        for pieces in self.ranks:
+        for r, pieces in enumerate(self.ranks):
             for i, a, b in pieces:
-                out[i][a:b] = every[pos:pos + b - a]
+                if r != skip:
+                    out[i][a:b] = every[pos:pos + b - a]
                 pos += b - a
         return out
 
@@ -201,10 +204,10 @@ class OptimizerSharding(GradientAveraging):
             return
         start = time.perf_counter()
         with current_timeline().span("allgather parameters", cat="comm"):
-            flats = self.layout.gather(self.mine([piece.data for piece in self.pieces]),
-                                       self.dtype, opt.process_set)
-            for p, whole in zip(opt.params, flats):
-                np.copyto(p.data.reshape(-1), whole)
+            # straight into the parameters: one transient copy of them (the allgather's)
+            self.layout.gather(self.mine([piece.data for piece in self.pieces]), self.dtype,
+                               opt.process_set, [p.data.reshape(-1) for p in opt.params],
+                               skip=self.rank)
         opt.comm_time_s += time.perf_counter() - start
 
     def memory_bytes(self):
@@ -230,10 +233,32 @@ class OptimizerSharding(GradientAveraging):
                 state[f"{name}.{i}"] = flat.reshape(p.data.shape)
         return state
 
+    reads_pieces = True
+
+    def checkpoint_pieces(self):
+        """This rank's piece of the optimizer state (no collective): (the scalars with the
+        full no-decay mask, its pieces [(parameter, start, stop)], {buffer: its pieces' values
+        concatenated}, the parameters' shapes); None where the process set is not every rank
+        (the pieces would not name global ranks: ``checkpoint_state`` gathers then)."""
+        if self.opt.process_set.size() != comm.size():
+            return None
+        inner = self.opt.optimizer
+        mine = inner.state_dict()
+        scalars = {key: value for key, value in mine.items() if "." not in key}
+        scalars["no_decay"] = self.full_mask.copy()
+        buffers = {name: self.mine([mine[f"{name}.{j}"] for j in range(len(self.pieces))])
+                   for name in inner.state}
+        shapes = [tuple(p.data.shape) for p in self.opt.params]
+        return scalars, list(self.layout.ranks[self.rank]), buffers, shapes
+
     def load_checkpoint_state(self, state):
-        """Take an unsharded state (``checkpoint_state``'s, or an unsharded run's) and load this
-        rank's pieces of every buffer into the inner optimizer; a state of other parameters is
-        a ValueError."""
+        """Take an unsharded state (``checkpoint_state``'s, or an unsharded run's), or a
+        sharded checkpoint's reader (``scalars``, ``read(buffer, i, start, stop)``), and load
+        this rank's pieces of every buffer into the inner optimizer; a state of other
+        parameters is a ValueError."""
+        if hasattr(state, "read"):
+            self._load_pieces(state)
+            return
         inner = self.opt.optimizer
         mine = {key: value for key, value in state.items() if "." not in key}
         mask = np.asarray(state.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
@@ -251,6 +276,25 @@ class OptimizerSharding(GradientAveraging):
                 flats.append(np.asarray(value).reshape(-1))
             for j, piece in enumerate(self.pieces):
                 mine[f"{name}.{j}"] = flats[self.owners[j]][piece.start:piece.stop]
+        inner.load_state_dict(mine)
+        self.full_mask = (mask != 0).astype(np.uint8)
+
+    def _load_pieces(self, reader):
+        inner = self.opt.optimizer
+        if reader.sizes != self.sizes or sorted(reader.buffers) != sorted(inner.state):
+            raise ValueError(f"{type(inner).__name__} state mismatch: the checkpoint's "
+                             f"buffers {sorted(reader.buffers)} of {len(reader.sizes)} "
+                             f"parameters, this optimizer's {sorted(inner.state)} of "
+                             f"{len(self.sizes)}")
+        mine = dict(reader.scalars)
+        mask = np.asarray(mine.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
+        if mask.shape != (len(self.sizes),):
+            raise ValueError(f"the checkpoint's no_decay has shape {mask.shape}, expected "
+                             f"({len(self.sizes)},)")
+        mine["no_decay"] = mask[np.asarray(self.owners, np.int64)]
+        for name in inner.state:
+            for j, (i, piece) in enumerate(zip(self.owners, self.pieces)):
+                mine[f"{name}.{j}"] = reader.read(name, i, piece.start, piece.stop)
         inner.load_state_dict(mine)
         self.full_mask = (mask != 0).astype(np.uint8)
 

@@ -94,6 +94,12 @@ class Strategy:
         """Load a state ``checkpoint_state`` returned (at any N) into the inner optimizer."""
         self.opt.optimizer.load_state_dict(state)
 
+    reads_pieces = False    # load_checkpoint_state takes a sharded checkpoint's reader
+
+    def checkpoint_pieces(self):
+        """None: a checkpoint holds ``checkpoint_state()`` (sharded.py: each rank's piece)."""
+        return None
+
     def memory_bytes(self):
         """The bytes this rank holds for the parameters, their gradients (one of each
         parameter's size) and the inner optimizer's state (host or device arrays alike)."""

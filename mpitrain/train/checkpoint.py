@@ -14,6 +14,11 @@ of ranks, so a job resumes on any N.
                        or the reverse) refuses it naming the missing and unexpected keys
         optim/<i>      the optimizer state's arrays; its numbers and nesting live in __meta__
 
+A sharded optimizer's state is not gathered into this file: every rank writes its own piece
+beside it and this file, written last, is the manifest that names them with their checksums
+(checkpoint_shards.py); loading gives a ``ShardedState`` that reads only the slices a rank
+needs. Either kind resumes at any N, sharded or not.
+
 Writes are atomic: a temporary file in the same folder, flushed and fsynced, then ``os.replace``d
 over the final name (and the folder fsynced), so a crash leaves either the old set of files or the
 new one, never a torn file under a final name. Loading trusts nothing in the file (the checksum
@@ -49,13 +54,14 @@ from mpitrain import comm
 from mpitrain.data import npyfile
 from mpitrain.runtime.errors import CheckpointError, DataError, one_line
 from mpitrain.parallel.optimizer import DistributedOptimizer
+from mpitrain.train.checkpoint_shards import SHARDED, ShardedState, shard_step, write_shard
 
 FORMAT = 1
 KEEP = 3
 _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
 _ZIP = b"PK\x03\x04"    # np.savez writes a zip archive; its first local header starts the file
 # __meta__ keys of the format itself; save(extra=...) may not use them
-_RESERVED = ("format", "step", "param_names", "optimizer_layout")
+_RESERVED = ("format", "step", "param_names", "optimizer_layout", "shards")
 env.declare("MPITRAIN_RESTART_COUNT")     # set by mpitrainrun on every launch (mpitrain/run/)
 
 
@@ -87,11 +93,13 @@ def atomic_savez(path, arrays):
     return atomic.write(path, lambda f: np.savez(f, **arrays), suffix=".npz")
 
 
-def write(directory, step, params, optimizer_state, meta, keep=KEEP):
-    """Write ``ckpt-<step>.npz`` atomically, then delete all but the newest ``keep``; its path.
+def write(directory, step, params, optimizer_state, meta, keep=KEEP, shards=None):
+    """Write ``ckpt-<step>.npz`` atomically, then delete all but the newest ``keep`` (with
+    their pieces, and pieces no checkpoint names); its path.
 
     params: dict name -> ndarray (host); optimizer_state: nested dicts/lists/tuples of numbers,
     strings, None and host arrays (an optimizer's ``state_dict()``); meta: JSON-able dict.
+    shards: the records of the pieces every rank wrote (``write_pieces``), or None.
     """
     arrays = {f"param/{name}": np.ascontiguousarray(a) for name, a in params.items()}
     optim_arrays = {}
@@ -99,12 +107,48 @@ def write(directory, step, params, optimizer_state, meta, keep=KEEP):
     arrays.update(optim_arrays)
     record = dict(meta, format=FORMAT, step=int(step), param_names=list(params),
                   optimizer_layout=layout)
+    if shards is not None:
+        record["shards"] = list(shards)
     arrays["__meta__"] = np.array(json.dumps(record, sort_keys=True))
     arrays["__checksum__"] = np.array(_checksum(arrays))
     path = atomic_savez(checkpoint_path(directory, step), arrays)
     for _, old in list_checkpoints(directory)[:-keep] if keep else []:
         os.unlink(old)
+    _prune_pieces(directory, step)
     return path
+
+
+def _prune_pieces(directory, step):
+    """Delete the pieces of checkpoints older than ``step`` that are gone (pruned, or never
+    completed: a job killed between its pieces and its manifest)."""
+    kept = {s for s, _ in list_checkpoints(directory)}
+    for entry in os.scandir(directory):
+        written = shard_step(entry.name)
+        if written is not None and written < step and written not in kept:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+
+def write_pieces(directory, step, pieces):
+    """Collective: every rank writes its piece of step ``step``'s sharded optimizer state
+    (``pieces``: a sharded optimizer's ``checkpoint_pieces()``); returns (the optimizer state
+    the manifest holds, the pieces' records) on every rank. A rank that cannot write is the
+    same CheckpointError on every rank, naming it."""
+    scalars, owned, buffers, shapes = pieces
+    try:
+        record, error = write_shard(directory, step, comm.rank(), comm.size(), owned, buffers,
+                                    atomic_savez), None
+    except (OSError, ValueError) as exc:
+        record, error = None, f"cannot write a checkpoint piece in {directory}: {one_line(exc)}"
+    every = comm.allgather_object((record, error))
+    failed = [(r, e) for r, (_, e) in enumerate(every) if e is not None]
+    if failed:
+        raise CheckpointError(f"{failed[0][1]} (on rank {failed[0][0]})")
+    state = dict(scalars)
+    state[SHARDED] = {"buffers": list(buffers), "shapes": [list(s) for s in shapes]}
+    return state, [r for r, _ in every]
 
 
 class Checkpoint:
@@ -151,10 +195,15 @@ def load(path, schema=None):
         meta = _meta(path, arrays, schema or {})
         params = {name: arrays[f"param/{name}"] for name in meta["param_names"]}
         optimizer_state = _unflatten(meta.pop("optimizer_layout"), arrays)
+        shards = meta.pop("shards", None)
+        if shards is not None:      # a manifest: the pieces beside it hold the buffers
+            optimizer_state = ShardedState(os.path.dirname(path), meta["step"], shards,
+                                           optimizer_state)
+            optimizer_state.verify(path)
     except CheckpointError:
         raise
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: damaged __meta__: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: damaged __meta__: {one_line(exc)}") from None
     return Checkpoint(path, params, optimizer_state, meta)
 
 
@@ -182,7 +231,8 @@ class Key:
 _MAX_INT = 1 << 63
 _MAX_DEPTH = 64      # JSON nesting: the optimizer layout is a few levels; pickle recurses per level
 _FORMAT_KEYS = {"format": Key(int), "step": Key(int, minimum=0), "param_names": Key(list),
-                "optimizer_layout": Key(dict, list, str, int, float, bool, type(None))}
+                "optimizer_layout": Key(dict, list, str, int, float, bool, type(None)),
+                "shards": Key(list, optional=True)}
 _ARRAY_KINDS = "biufcU"     # numbers, bool and the unicode of __meta__: what write() stores
 
 
@@ -308,9 +358,14 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
     except ValueError as exc:
         error = str(exc)
     _raise_on_every_rank(error, ValueError)     # before rank 0 writes anything
-    # collective where the ranks' states differ (weights mode), so every rank asks
-    optimizer_state = (optimizer.checkpoint_state() if isinstance(optimizer, DistributedOptimizer)
-                       else inner.state_dict())
+    # collective where the ranks' states differ (weights mode, sharded), so every rank asks
+    distributed = isinstance(optimizer, DistributedOptimizer)
+    pieces = optimizer.checkpoint_pieces() if distributed else None
+    shards = None
+    if pieces is not None:          # sharded: every rank writes its piece, no gather
+        optimizer_state, shards = write_pieces(directory, step, pieces)
+    else:
+        optimizer_state = optimizer.checkpoint_state() if distributed else inner.state_dict()
     path = None
     if comm.rank() == 0:
         try:
@@ -320,7 +375,7 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
                                       f"than step {step}: resume from it (load_latest) or save "
                                       f"into an empty folder")
             path = write(directory, step, model.state_dict(copy=True), optimizer_state, extra,
-                         keep=keep or 0)
+                         keep=keep or 0, shards=shards)
         except CheckpointError as exc:
             error = str(exc)
         except (OSError, TypeError, ValueError) as exc:
@@ -369,7 +424,8 @@ def load_latest(directory, model, optimizer):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer.load_checkpoint_state(optimizer_state)     # its strategy's slice
         else:
-            inner.load_state_dict(optimizer_state)
+            inner.load_state_dict(optimizer_state.whole() if isinstance(
+                optimizer_state, ShardedState) else optimizer_state)
     except (ValueError, TypeError, KeyError) as exc:
         error = f"{path} does not fit this {what}: {one_line(exc)}"
     # every rank loads the same data, but a rank whose model differs must not raise alone

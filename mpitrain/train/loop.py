@@ -20,8 +20,8 @@ import numpy as np
 from mpitrain import comm, data, nn, optim
 from mpitrain.data.sampler import DistributedSampler
 from mpitrain.parallel.evaluation import evaluate
-from mpitrain.runtime.errors import (CheckpointError, Interrupted, Preempted, UsageError,
-                                     one_line)
+from mpitrain.runtime.errors import (CheckpointError, Interrupted, OutputError, Preempted,
+                                     UsageError, one_line)
 from mpitrain.timeline import current as current_timeline
 from mpitrain.train import checkpoint as ckpt
 from mpitrain.train.plan import make_plan
@@ -267,7 +267,14 @@ class Trainer:
         config = self.config
         background = config.checkpoint_async if background is None else background
         self.plan.agree_on_buffers(self.model)
-        opt_state = self.optimizer.checkpoint_state()
+        pieces, shards = self.optimizer.checkpoint_pieces(), None
+        if pieces is None:
+            opt_state = self.optimizer.checkpoint_state()
+        else:       # sharded: every rank writes its piece now, rank 0 the manifest after them
+            try:
+                opt_state, shards = ckpt.write_pieces(config.checkpoint_dir, self.step, pieces)
+            except CheckpointError as exc:
+                raise OutputError(str(exc)) from None
         if self.rank == 0:
             meta = {"model": config.model, "dataset": config.dataset, "optimizer": config.optimizer,
                     "seed": config.seed, "epoch": self.epoch, "epoch_position_samples":
@@ -281,7 +288,8 @@ class Trainer:
             self.outputs.attempt("a checkpoint into", config.checkpoint_dir,
                                  lambda: ckpt.write(config.checkpoint_dir, step, state,
                                                     opt_state, meta,
-                                                    keep=config.keep_checkpoints),
+                                                    keep=config.keep_checkpoints,
+                                                    shards=shards),
                                  background=background)
         self.outputs.check()
         self.last_checkpoint_step = self.step

@@ -9,11 +9,15 @@ rank.
 Both runs of a comparison use the same gradients path and one summation algorithm for every
 size (the ring), so the average is the same bits and only the sharding differs.
 """
+import os
+
 import numpy as np
 import pytest
 
 import mpitrain as mt
 from mpitrain.parallel.optimizer import DistributedOptimizer
+from mpitrain.train import checkpoint as ckpt
+from mpitrain.train.checkpoint_shards import ShardedState
 
 mt.init()
 N, R = mt.size(), mt.rank()
@@ -198,3 +202,51 @@ def test_the_zoo_models_shard_to_the_unsharded_bits(name):
     # one model (BatchNorm's running statistics are each rank's own, sharded or not)
     flat = b"".join(p.data.tobytes() for p in sharded.parameters())
     assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
+
+
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+def test_every_rank_writes_its_piece_and_rank_0_a_manifest(tmp_path_factory, sharding):
+    folder = mt.broadcast_object(str(tmp_path_factory.mktemp("pieces")) if R == 0 else None,
+                                 root_rank=0)
+    m, opt = train("adam", sharding, steps=2)
+
+    def gathered():
+        raise AssertionError("a sharded save gathered the whole optimizer state")
+    opt.strategy.checkpoint_state = gathered
+    mt.checkpoint.save(folder, m, opt, step=2)
+    names = sorted(os.listdir(folder))
+    assert names == ["ckpt-00000002.npz"] + [
+        f"ckpt-00000002.shard-{r:05d}-of-{N:05d}.npz" for r in range(N)]
+    manifest = ckpt.load(os.path.join(folder, "ckpt-00000002.npz"))
+    state = manifest.optimizer_state
+    assert isinstance(state, ShardedState) and sorted(state.buffers) == ["exp_avg", "exp_avg_sq"]
+    mt.barrier()
+
+
+def test_a_checkpoint_with_a_missing_or_corrupt_piece_falls_back_to_the_previous(
+        tmp_path_factory, capfd):
+    folder = mt.broadcast_object(str(tmp_path_factory.mktemp("broken")) if R == 0 else None,
+                                 root_rank=0)
+    m, opt = train("adam", "gradients", steps=2)
+    mt.checkpoint.save(folder, m, opt, step=2)
+    m, opt = train("adam", "gradients", steps=1, start=2, m=m, opt=opt)
+    mt.checkpoint.save(folder, m, opt, step=3)
+    m, opt = train("adam", "gradients", steps=1, start=3, m=m, opt=opt)
+    mt.checkpoint.save(folder, m, opt, step=4)
+    mt.barrier()
+    if R == 0:
+        os.unlink(os.path.join(folder, f"ckpt-00000004.shard-{N - 1:05d}-of-{N:05d}.npz"))
+        piece = os.path.join(folder, f"ckpt-00000003.shard-00000-of-{N:05d}.npz")
+        data = bytearray(open(piece, "rb").read())
+        data[-5] ^= 0xFF
+        open(piece, "wb").write(bytes(data))
+    mt.barrier()
+    m2 = model()
+    opt2 = DistributedOptimizer(INNER["adam"](m2), m2.named_parameters(), sharding="gradients")
+    assert mt.checkpoint.load_latest(folder, m2, opt2)["step"] == 2
+    err = capfd.readouterr().err
+    if R == 0:
+        assert "is missing" in err and "checksum mismatch" in err, err
+    resumed, _ = train("adam", "gradients", steps=1, start=2, m=m2, opt=opt2)
+    m3, opt3 = train("adam", "gradients", steps=3)
+    assert_bitwise(resumed, m3)
