@@ -146,6 +146,26 @@ class Layout:
                         where[r].append((index, a - lo))
         return cls(sizes, ranks), where
 
+    def rounds(self, round_elements):
+        """The parameters in groups of consecutive ones of at most ``round_elements`` elements
+        (a larger parameter alone), each with, per rank, the indices of its pieces in the
+        group: an allgather per group keeps the transient copy that small."""
+        groups, current, total = [], [], 0
+        for i, n in enumerate(self.sizes):
+            if current and total + n > round_elements:
+                groups.append(current)
+                current, total = [], 0
+            current.append(i)
+            total += n
+        if current:
+            groups.append(current)
+        out = []
+        for group in groups:
+            members = set(group)
+            out.append([[j for j, (i, _, _) in enumerate(pieces) if i in members]
+                        for pieces in self.ranks])
+        return out
+
     def gather(self, mine, dtype, process_set, out=None, skip=None):
         """Every rank's values of its pieces (``mine``: this rank's, concatenated in piece
         order), allgathered into ``out`` (flat arrays, one per parameter; default new ones),
@@ -181,6 +201,7 @@ class OptimizerSharding(GradientAveraging):
                        for j, (i, a, b) in enumerate(mine)]
         self.full_mask = opt.optimizer.no_decay.copy()
         opt.optimizer.restrict(self.pieces, self.owners)
+        self.rounds = None          # gather_parameters' groups of parameters
         self.dtype = np.dtype(params[0].dtype) if params else np.dtype(np.float32)
 
     def step(self, skip, flags=None, update=None):
@@ -203,11 +224,24 @@ class OptimizerSharding(GradientAveraging):
         if self.size == 1:
             return
         start = time.perf_counter()
+        if self.rounds is None:     # at most a bucket's bytes in flight (a larger parameter)
+            self.rounds = self.layout.rounds(max(1, opt.fusion_threshold_bytes
+                                                 // self.dtype.itemsize))
+        targets = [p.data.reshape(-1) for p in opt.params]
+        ranks = self.layout.ranks
         with current_timeline().span("allgather parameters", cat="comm"):
-            # straight into the parameters: one transient copy of them (the allgather's)
-            self.layout.gather(self.mine([piece.data for piece in self.pieces]), self.dtype,
-                               opt.process_set, [p.data.reshape(-1) for p in opt.params],
-                               skip=self.rank)
+            # round by round, straight into the parameters
+            for members in self.rounds:
+                every = comm.allgather(
+                    self.mine([self.pieces[j].data for j in members[self.rank]]),
+                    name="DistributedOptimizer.sharded", process_set=opt.process_set)
+                pos = 0
+                for r, indices in enumerate(members):
+                    for j in indices:
+                        i, a, b = ranks[r][j]
+                        if r != self.rank:
+                            targets[i][a:b] = every[pos:pos + b - a]
+                        pos += b - a
         opt.comm_time_s += time.perf_counter() - start
 
     def memory_bytes(self):
