@@ -53,9 +53,11 @@ class DistributedOptimizer:
     slices are allgathered; or "gradients" (stage 2): the gradient buckets are
     reduce-scattered instead of allreduced, and each rank keeps only its chunk of each (the
     rest of every gradient is released). The parameters are the unsharded run's, bit for bit,
-    and a checkpoint holds the unsharded state (it loads at any N). "parameters" is refused
-    for now, as are weights mode, deterministic mode and device parameters; "gradients" also
-    refuses clip_grad_norm, a compressor of your own and MPITRAIN_AUTOTUNE.
+    and a checkpoint holds the unsharded state (it loads at any N). With deterministic=True
+    both average in the fixed tree, whole, and shard the optimizer state (the bits of the
+    unsharded deterministic run at every N). "parameters" is refused for now, as are weights
+    mode and device parameters; "gradients" also refuses clip_grad_norm, a compressor of your
+    own and MPITRAIN_AUTOTUNE.
     ``memory_bytes()`` says what this rank holds.
 
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
@@ -125,7 +127,8 @@ class DistributedOptimizer:
         self._skip = False
         # the one strategy, for the optimizer's life
         if self.deterministic:
-            self.strategy = DeterministicGradients(self)
+            self.strategy = (DeterministicGradients(self) if sharding == "none"
+                             else sharded.DeterministicSharding(self))
         elif sharding == "optimizer":
             self.strategy = sharded.OptimizerSharding(self)
         elif sharding == "gradients":

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from mpitrain import comm
+from mpitrain.parallel.deterministic import DeterministicGradients
 from mpitrain.parallel.gradients import Compressor, GradientAveraging
 from mpitrain.timeline import current as current_timeline
 
@@ -56,8 +57,6 @@ def check_mode(sharding, average, deterministic, clip_grad_norm=None):
     if average != "gradients":
         raise ValueError(f"sharding={sharding!r} splits the optimizer state of averaged "
                          f"gradients; average={average!r} has no gradients to shard")
-    if deterministic:
-        raise ValueError(f"sharding={sharding!r} with deterministic=True is not available yet")
     if sharding == "gradients" and clip_grad_norm is not None:
         raise ValueError("sharding='gradients' with clip_grad_norm is not available yet "
                          "(sharding='optimizer' clips by the global norm)")
@@ -184,9 +183,10 @@ class Layout:
         return out
 
 
-class OptimizerSharding(GradientAveraging):
-    """``sharding="optimizer"``: gradients averaged whole, the inner optimizer restricted to this
-    rank's share, the updated shares allgathered after each step."""
+class ShardedStep:
+    """What every sharded strategy adds to the averaging strategy it is mixed into (gradients
+    mode's, or deterministic mode's): the inner optimizer restricted to this rank's share, the
+    updated shares allgathered after each step, checkpoints of the whole state or of pieces."""
 
     def __init__(self, opt, layout=None, shards=None):
         super().__init__(opt)
@@ -331,6 +331,18 @@ class OptimizerSharding(GradientAveraging):
                 mine[f"{name}.{j}"] = reader.read(name, i, piece.start, piece.stop)
         inner.load_state_dict(mine)
         self.full_mask = (mask != 0).astype(np.uint8)
+
+
+class OptimizerSharding(ShardedStep, GradientAveraging):
+    """``sharding="optimizer"``: gradients averaged whole (gradients.py), the inner optimizer
+    restricted to this rank's slice, the updated slices allgathered after each step."""
+
+
+class DeterministicSharding(ShardedStep, DeterministicGradients):
+    """``sharding="optimizer"`` or ``"gradients"`` with ``deterministic=True``: the gradients
+    summed whole in the fixed tree (deterministic.py: the same bits for every power-of-two N),
+    then as ``OptimizerSharding``, so the parameters are the unsharded deterministic run's at
+    every N. The tree's leaves stay whole, so "gradients" shards the optimizer state only."""
 
 
 class GradientSharding(OptimizerSharding):

@@ -79,3 +79,30 @@ def test_the_launcher_restarts_a_killed_sharded_job_to_the_same_bits(tmp_path):
     whole, restarted = load_npz(tmp_path / "whole.npz"), load_npz(tmp_path / "restarted.npz")
     for key in whole:
         assert restarted[key].tobytes() == whole[key].tobytes(), key
+
+
+def test_deterministic_sharded_checkpoint_resumes_on_any_n_to_the_same_bytes(tmp_path):
+    """--deterministic --sharding gradients at N = 4, checkpointed at step 6; resumed at N = 2
+    sharded and at N = 1 unsharded, each ends on the bytes of the uninterrupted run (whose
+    bytes are those of an unsharded one-rank run too)."""
+    flags = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
+             "--no-progress", "--seed", "3", "--optimizer", "adam", "--lr", "0.01",
+             "--deterministic", "--global-batch-size", "16", "--steps", "12"]
+    ck = ["--checkpoint-dir", "ck", "--checkpoint-every", "6"]
+    run_mpitrain(4, [*flags, "--sharding", "gradients", *ck, "--save", "whole.npz"], tmp_path,
+                 timeout_s=150)
+    pieces = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert "ckpt-00000006.shard-00003-of-00004.npz" in pieces, pieces
+    (tmp_path / "ck" / "ckpt-00000012.npz").unlink()
+    p = run_mpitrain(2, [*flags, "--sharding", "gradients", *ck, "--resume", "--save",
+                         "two.npz"], tmp_path, timeout_s=150)
+    assert "at step 6" in p.stdout, p.stdout[-2000:]
+    (tmp_path / "ck" / "ckpt-00000012.npz").unlink()        # the N = 2 run's: from 6 again
+    p = run_mpitrain(1, [*flags, "--sharding", "none", *ck, "--resume", "--save", "one.npz"],
+                     tmp_path, timeout_s=150)
+    assert "at step 6" in p.stdout, p.stdout[-2000:]
+    run_mpitrain(1, [*flags, "--save", "plain.npz"], tmp_path, timeout_s=150)
+    whole = (tmp_path / "whole.npz").read_bytes()
+    assert (tmp_path / "two.npz").read_bytes() == whole
+    assert (tmp_path / "one.npz").read_bytes() == whole
+    assert (tmp_path / "plain.npz").read_bytes() == whole

@@ -153,8 +153,8 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
             (dict(sharding="gradients", compression=mt.Compression.none), None),
             (dict(sharding="parameters"), "not available yet"),
             (dict(sharding="optimizer", average="weights"), "has no gradients to shard"),
-            (dict(sharding="optimizer", deterministic=True),
-             "not available yet|power-of-two number of ranks")]:
+            (dict(sharding="gradients", compression=mt.Compression.fp16, deterministic=True),
+             "compression")]:
         if message is None:
             DistributedOptimizer(INNER["sgd"](m), **kwargs)
             continue
@@ -250,3 +250,20 @@ def test_a_checkpoint_with_a_missing_or_corrupt_piece_falls_back_to_the_previous
     resumed, _ = train("adam", "gradients", steps=1, start=2, m=m2, opt=opt2)
     m3, opt3 = train("adam", "gradients", steps=3)
     assert_bitwise(resumed, m3)
+
+
+@pytest.mark.skipif(N & (N - 1) != 0, reason="deterministic mode: a power-of-two N")
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("kind", sorted(INNER))
+def test_deterministic_sharded_is_the_unsharded_deterministic_bits(sharding, kind):
+    sharded, opt = train(kind, sharding, deterministic=True, k=2)
+    whole, _ = train(kind, "none", deterministic=True, k=2)
+    assert_bitwise(sharded, whole)
+    assert_one_model(sharded)
+    shares = mt.allgather_object(opt.memory_bytes()["optimizer_state"])
+    assert sum(shares) == whole_state_bytes(kind)
+
+
+def whole_state_bytes(kind):
+    _, opt = train(kind, "none", steps=1)
+    return opt.memory_bytes()["optimizer_state"]

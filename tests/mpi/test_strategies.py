@@ -31,12 +31,13 @@ STRATEGIES = {
     "sharded-optimizer": dict(sharding="optimizer"),
     "sharded-gradients": dict(sharding="gradients"),
     "sharded-gradients-buckets": dict(sharding="gradients", fusion_threshold_bytes=512),
+    "sharded-deterministic": dict(sharding="gradients", deterministic=True),
 }
 # what the step's agreement carries, per strategy: flags travel where the step exchanges a
 # message (none in weights mode, which agrees nothing per step)
 EXCHANGES = {"gradients": True, "gradients-fused": True, "weights": False,
              "deterministic": True, "sharded-optimizer": True, "sharded-gradients": True,
-             "sharded-gradients-buckets": True}
+             "sharded-gradients-buckets": True, "sharded-deterministic": True}
 
 
 def usable(name):
