@@ -27,10 +27,16 @@ gives the unsharded run's parameters bit for bit (with the same allreduce algori
 at N = 2 any, the sum of two commutes).
 
 A share is a ``Layout``: per rank, the (parameter, start, stop) element ranges it owns, known to
-every rank. A checkpoint holds the unsharded state (``checkpoint_state``, collective: every
-rank's pieces of each buffer are allgathered and put back into one array per parameter), so it
-loads into a run with any N, sharded or not; ``load_checkpoint_state`` takes such a state and
-keeps this rank's pieces.
+every rank. ``ShardedStep`` is what sharding adds to an averaging strategy: mixed into gradients
+mode's (``OptimizerSharding``, ``GradientSharding``) or into deterministic mode's
+(``DeterministicSharding``: the fixed tree sums the gradients whole, then the optimizer state
+is sharded, so the bits are the unsharded deterministic run's at every N). After the step the
+updated shares are allgathered in rounds of at most a bucket's bytes, straight into the
+parameters. A checkpoint is each rank's own piece (``checkpoint_pieces``, no collective: every
+rank writes it, train/checkpoint_shards.py), or the unsharded state (``checkpoint_state``,
+collective: every rank's pieces of each buffer allgathered into one array per parameter);
+``load_checkpoint_state`` takes either, or a sharded checkpoint's reader, written at any N,
+and keeps this rank's pieces.
 """
 import time
 
