@@ -5,10 +5,13 @@
 Everything after the launcher's own flags is the command every rank runs. Bad input (no hosts,
 slots < 1, an unknown launcher, a discovery script that fails or prints something else, -np
 outside [--min-np, --max-np]) is one line and exit code 2, before anything is launched.
+``mpitrainrun --check-build`` launches nothing: it runs ``python -m mpitrain.info`` (what this
+installation has) in a child process: the launcher itself never initialises MPI.
 """
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 
 from mpitrain.run import engines
@@ -61,6 +64,8 @@ def build_parser():
     p.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VALUE]",
                    help="pass VAR to every rank (every MPITRAIN_* variable is passed anyway)")
     p.add_argument("--verbose", action="store_true", help="print every command it runs")
+    p.add_argument("--check-build", action="store_true",
+                   help="print what this installation has (python -m mpitrain.info) and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...")
     return p
 
@@ -68,6 +73,8 @@ def build_parser():
 def parse(argv, environ):
     """(settings, environ for the ranks) from ``argv``; LaunchError on bad input."""
     s = build_parser().parse_args(argv)
+    if s.check_build:
+        return s, dict(environ)
     if not s.command:
         raise LaunchError("no command to run (mpitrainrun -np N COMMAND ...)")
     if s.hosts is not None and s.hostfile is not None:
@@ -121,6 +128,8 @@ def main(argv=None, environ=None):
     environ = os.environ if environ is None else environ
     try:
         settings, env = parse(sys.argv[1:] if argv is None else argv, environ)
+        if settings.check_build:
+            return check_build(env)
         engine = engines.detect(settings.launcher, settings.mpiexec, env)
     except LaunchError as exc:
         print(f"mpitrainrun: error: {exc}", file=sys.stderr, flush=True)
@@ -128,9 +137,14 @@ def main(argv=None, environ=None):
     return Supervisor(settings, engine, env).run()
 
 
+def check_build(environ):
+    """``--check-build``: ``python -m mpitrain.info`` alone, its exit code."""
+    return subprocess.call([sys.executable, "-m", "mpitrain.info"], env=environ)
+
+
 def console():
     """The ``mpitrainrun`` console script."""
     sys.exit(main())
 
 
-__all__ = ["build_parser", "parse", "main", "console", "EXIT_USAGE"]
+__all__ = ["build_parser", "parse", "main", "check_build", "console", "EXIT_USAGE"]
