@@ -56,8 +56,9 @@ class DistributedOptimizer:
     and a checkpoint holds the unsharded state (it loads at any N). With deterministic=True
     both average in the fixed tree, whole, and shard the optimizer state (the bits of the
     unsharded deterministic run at every N). "parameters" is refused for now, as are weights
-    mode and device parameters; "gradients" also refuses clip_grad_norm, a compressor of your
-    own and MPITRAIN_AUTOTUNE.
+    mode and device parameters; "gradients" also refuses a compressor of your own,
+    MPITRAIN_AUTOTUNE, and clip_grad_norm with other than float32 parameters (it clips by the
+    exact norm over the slices, mt.nn.clip_grad_norm_'s bits).
     ``memory_bytes()`` says what this rank holds.
 
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,

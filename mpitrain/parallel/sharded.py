@@ -17,7 +17,8 @@ buckets overlap it. Rank r keeps chunk ``comm.owned_chunk(r, N)`` of each bucket
 ring's first phase completes on it, in its gradient shard; every gradient is then released
 (``Parameter.release_grad``: the next backward allocates it anew), so between steps a rank
 holds 1/N of the gradients, and no rank ever holds the whole averaged gradient. Its share of
-the parameters is those chunks.
+the parameters is those chunks. ``clip_grad_norm`` adds the ranks' exact sums of squares of
+their chunks (nn/exact_sum.py), so the norm is mt.nn.clip_grad_norm_'s, bit for bit.
 
 With Adam that is 8 (stage 1) or 12 (stage 2) of the 16 bytes per parameter divided by N. The
 inner optimizer steps ``Piece``s, views of the parts of parameters in the share
@@ -38,11 +39,14 @@ collective: every rank's pieces of each buffer allgathered into one array per pa
 ``load_checkpoint_state`` takes either, or a sharded checkpoint's reader, written at any N,
 and keeps this rank's pieces.
 """
+import math
 import time
 
 import numpy as np
 
 from mpitrain import comm
+from mpitrain.nn.clip import scale_to
+from mpitrain.nn.exact_sum import SquareSum
 from mpitrain.parallel.deterministic import DeterministicGradients
 from mpitrain.parallel.gradients import Compressor, GradientAveraging
 from mpitrain.timeline import current as current_timeline
@@ -63,15 +67,12 @@ def check_mode(sharding, average, deterministic, clip_grad_norm=None):
     if average != "gradients":
         raise ValueError(f"sharding={sharding!r} splits the optimizer state of averaged "
                          f"gradients; average={average!r} has no gradients to shard")
-    if sharding == "gradients" and clip_grad_norm is not None:
-        raise ValueError("sharding='gradients' with clip_grad_norm is not available yet "
-                         "(sharding='optimizer' clips by the global norm)")
 
 
 def check_arguments(sharding, average, deterministic, params, compression=None,
                     clip_grad_norm=None):
     """check_mode, then what the parameters and the other arguments must be: one dtype, host
-    arrays; for "gradients" a built-in compression and no clipping (yet)."""
+    arrays; for "gradients" a built-in compression, and float32 to clip."""
     check_mode(sharding, average, deterministic, clip_grad_norm)
     if sharding == "none":
         return
@@ -81,6 +82,11 @@ def check_arguments(sharding, average, deterministic, params, compression=None,
     if params and not isinstance(params[0].data, np.ndarray):
         raise ValueError(f"sharding={sharding!r} runs on host arrays; device parameters are "
                          f"not sharded yet")
+    if (sharding == "gradients" and clip_grad_norm is not None and params
+            and np.dtype(params[0].dtype) != np.float32):
+        raise ValueError(f"sharding='gradients' with clip_grad_norm sums the slices' squares "
+                         f"exactly, which needs float32 parameters, not "
+                         f"{np.dtype(params[0].dtype)}")
     if sharding == "gradients" and not isinstance(compression, (Compressor, type(None))):
         raise ValueError(f"sharding='gradients' reduce-scatters buckets; compression "
                          f"{compression!r} (a compressor of your own) needs whole "
@@ -431,6 +437,25 @@ class GradientSharding(OptimizerSharding):
         self.scatter.release()
         for p in opt.params:
             p.release_grad()
+
+    def clip(self):
+        """clip_grad_norm_ over the slices: each rank's exact sum of squares (exact_sum.py),
+        the sums added over the ranks (integers: any order), so the norm, the factor and the
+        clipped bits are the unsharded run's."""
+        max_norm, opt = self.opt.clip_grad_norm, self.opt
+        if max_norm is None or self.scatter is None:
+            super().clip()
+            return
+        mine = SquareSum()
+        for shard in self.shard:
+            mine.add_array(shard)
+        counts = np.array([mine.flag == 1, mine.flag == 2], np.int64)     # inf, NaN
+        every = comm.allreduce(np.concatenate([mine.bins, counts]), op=comm.Sum,
+                               name="DistributedOptimizer.clip", process_set=opt.process_set)
+        total = SquareSum().add(every[:-2], 2 if every[-1] else 1 if every[-2] else 0)
+        opt.grad_norm = math.sqrt(total.value())
+        kernels = opt.params[0].kernels
+        scale_to([(kernels, shard) for shard in self.shard], opt.grad_norm, max_norm)
 
     def zero_grad(self):
         super().zero_grad()

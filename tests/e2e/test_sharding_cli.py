@@ -18,11 +18,12 @@ TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16"
 RING = {"MPITRAIN_ALLREDUCE": "ring"}
 
 
+@pytest.mark.parametrize("clip", [[], ["--clip-grad-norm", "0.05"]], ids=["plain", "clip"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_sharded_run_ends_on_the_unsharded_bits(tmp_path, n):
+def test_sharded_run_ends_on_the_unsharded_bits(tmp_path, n, clip):
     for sharding in ("optimizer", "gradients", "none"):
-        run_mpitrain(n, [*TINY, "--sharding", sharding, "--save", f"{sharding}.npz"], tmp_path,
-                     env=RING)
+        run_mpitrain(n, [*TINY, *clip, "--sharding", sharding, "--save", f"{sharding}.npz"],
+                     tmp_path, env=RING)
     whole = load_npz(tmp_path / "none.npz")
     for sharding in ("optimizer", "gradients"):
         sharded = load_npz(tmp_path / f"{sharding}.npz")
@@ -50,7 +51,7 @@ def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path, shard
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--sharding", "gradients", "--clip-grad-norm", "1"], "clip_grad_norm is not available"),
+    (["--sharding", "gradients", "--average", "weights"], "has no gradients to shard"),
     (["--sharding", "optimizer", "--uneven"], "with --uneven is not available yet"),
     (["--sharding", "parameters"], "not available yet"),
 ])

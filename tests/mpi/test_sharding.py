@@ -77,6 +77,7 @@ def assert_one_model(m):
 EXTRA = {
     "plain": dict(),
     "clip": dict(clip_grad_norm=0.5),
+    "clip-buckets": dict(clip_grad_norm=0.5, fusion_threshold_bytes=256),
     "accumulate": dict(k=2, overlap=False),
     "accumulate-overlap": dict(k=2, fusion_threshold_bytes=256),
     "fp16": dict(compression=mt.Compression.fp16),
@@ -91,11 +92,11 @@ EXTRA = {
 @pytest.mark.parametrize("extra", sorted(EXTRA))
 def test_sharded_parameters_are_the_unsharded_bits(sharding, kind, extra):
     extra = EXTRA[extra]
-    if sharding == "gradients" and "clip_grad_norm" in extra:
-        pytest.skip("refused at construction (test_what_cannot_be_sharded)")
     sharded, opt = train(kind, sharding, **extra)
-    whole, _ = train(kind, "none", **extra)
+    whole, unsharded = train(kind, "none", **extra)
     assert_bitwise(sharded, whole)
+    if "clip_grad_norm" in extra:       # it clipped, by the unsharded norm's bits
+        assert opt.grad_norm == unsharded.grad_norm > extra["clip_grad_norm"]
     assert_one_model(sharded)
     assert f"sharding={sharding!r}" in repr(opt)
 
@@ -149,7 +150,7 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
     m = model()
     for kwargs, message in [
             (dict(sharding="bogus"), "expected one of none, optimizer, gradients, parameters"),
-            (dict(sharding="gradients", clip_grad_norm=1.0), "not available yet"),
+            (dict(sharding="gradients", clip_grad_norm=1.0), None),
             (dict(sharding="gradients", compression=mt.Compression.none), None),
             (dict(sharding="parameters"), "not available yet"),
             (dict(sharding="optimizer", average="weights"), "has no gradients to shard"),
@@ -163,6 +164,10 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
     mixed = model()
     params = mixed.parameters()
     params[-1].data = params[-1].data.astype(np.float64)
+    wide = mt.models.mlp(in_features=9, hidden=(13, 7), seed=1, dtype=np.float64)
+    with pytest.raises(ValueError, match="needs float32 parameters"):
+        DistributedOptimizer(mt.optim.SGD(wide.parameters(), lr=0.1), sharding="gradients",
+                             clip_grad_norm=1.0)
     with pytest.raises(ValueError, match="one dtype"):
         DistributedOptimizer(mt.optim.SGD(params, lr=0.1), sharding="optimizer")
     mt.barrier()

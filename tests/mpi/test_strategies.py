@@ -187,7 +187,6 @@ def test_each_refusal_is_one_value_error_on_every_rank_at_construction():
         (dict(deterministic=True, average="weights"), "average='weights' is not supported"),
         (dict(deterministic=True, backward_passes_per_step=3), "a power of two, got 3"),
         (dict(sharding="gradients", average="weights"), "has no gradients to shard"),
-        (dict(sharding="gradients", clip_grad_norm=1.0), "not available yet"),
         (dict(sharding="parameters"), "not available yet"),
     ]
     if not is_power_of_two(N):
