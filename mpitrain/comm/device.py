@@ -52,7 +52,7 @@ from mpitrain.comm.build_info import cuda_built, nccl_built
 from mpitrain.comm.engine import allreduce_flat as host_allreduce_flat
 from mpitrain.comm.gpu import bind_thread, select_device
 from mpitrain.comm.kinds import Kind
-from mpitrain.comm.ops import DTYPES, MPI_OPS, Average, on_device, reduce_kind
+from mpitrain.comm.ops import DTYPES, MPI_OPS, Average, mpi_can_reduce, on_device, reduce_kind
 from mpitrain.comm.settings import DEVICE_TRANSPORTS as TRANSPORTS
 from mpitrain.comm.watchdog import watched
 
@@ -301,7 +301,8 @@ def _allreduce_flat(state, fam, flat, op, pre, post):
         size = state.comm.Get_size()
         how = transport(state) if size > 1 and flat.size else "none"
         dtype = np.dtype(flat.dtype).name
-        if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and dtype == "float16":
+        if how == "nccl" and dtype not in _NCCL_TYPES or how == "mpi" and not mpi_can_reduce(
+                dtype):
             how = "host"
         if how == "host":
             host = fam.pinned(flat.size, flat.dtype)               # (n,) pinned

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpitrain.comm.hierarchical import hierarchical_allreduce
 from mpitrain.comm.watchdog import watched
-from mpitrain.comm.ops import MPI_OPS, Average, ReduceOp, reduce_kind
+from mpitrain.comm.ops import MPI_OPS, Average, ReduceOp, mpi_can_reduce, reduce_kind
 from mpitrain.comm.ring import ring_allreduce, ring_reduce_scatter
 from mpitrain.kernels import cpu
 
@@ -33,7 +33,7 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
     factor = postscale / size if op is Average else postscale
     if size > 1 and flat.size:
         algo = settings.algorithm                    # the path rule (docs/architecture.md)
-        use_ring = (flat.dtype.char == "e" or algo == "ring"                       # float16
+        use_ring = (not mpi_can_reduce(flat.dtype) or algo == "ring"
                     or (algo == "auto" and flat.nbytes >= settings.ring_threshold(size)))
         with watched(state.record, "allreduce data"):    # a rank that stops here is named
             if state.node_comms is not None:      # MPITRAIN_HIERARCHICAL_ALLREDUCE (world.py)
@@ -51,13 +51,14 @@ def allreduce_flat(state, flat, op, prescale=1.0, postscale=1.0):
     return flat
 
 
-def reduce_scatter_flat(state, flat, op, prescale=1.0, postscale=1.0):
+def reduce_scatter_flat(state, flat, op, prescale=1.0, postscale=1.0, bounds=None):
     """The ring allreduce's first phase over a contiguous 1-D host array, in place, scaled:
     afterwards the chunk ``ring.owned_chunk`` of this rank (bounds ``ring.chunk_bounds``) holds
     the reduction over the ranks of ``state`` -- bitwise the chunk ``allreduce_flat`` gives it
     on the ring, half the traffic -- and the other chunks hold partial sums. Always the ring
     (the chunk a rank keeps must not depend on MPI's algorithm); one level, also where the
-    allreduce is hierarchical."""
+    allreduce is hierarchical. ``bounds``: the chunks' offsets where they are not the ring's
+    even ``chunk_bounds``."""
     comm = state.ring
     if prescale != 1.0:
         scale(flat, prescale)
@@ -66,7 +67,7 @@ def reduce_scatter_flat(state, flat, op, prescale=1.0, postscale=1.0):
     if size > 1 and flat.size:
         finish = None if factor == 1.0 else (lambda piece: scale(piece, factor))
         with watched(state.record, "reduce-scatter data"):
-            ring_reduce_scatter(comm, flat, *_ring_args(state, flat, op), finish)
+            ring_reduce_scatter(comm, flat, *_ring_args(state, flat, op), finish, bounds)
     elif factor != 1.0:
         scale(flat, factor)
     return flat

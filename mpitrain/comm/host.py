@@ -26,13 +26,14 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.comm import check
-from mpitrain.comm.engine import allreduce_flat, scale
+from mpitrain.comm.engine import allreduce_flat, reduce_scatter_flat, scale
 from mpitrain.comm.fusion import (DEFAULT_THRESHOLD_BYTES, FusionBuffer, NumpyArrays,
                                   check_threshold)
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import (MPI_OPS, UFUNCS, Average, as_array, as_root, first_error,
-                               integer_average, integer_average_error, reduce_args, reduce_kind)
-from mpitrain.comm.ring import chunk_bounds
+                               integer_average, integer_average_error, mpi_can_reduce,
+                               reduce_args, reduce_kind)
+from mpitrain.comm.ring import chunk_bounds, owned_chunk
 from mpitrain.comm.watchdog import watched
 
 
@@ -326,10 +327,13 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
     bounds = chunk_bounds(a.shape[0], size)           # rank r's rows: bounds[r]:bounds[r + 1]
     lo, hi = bounds[rank], bounds[rank + 1]
     row_elems = math.prod(a.shape[1:])
-    send = np.array(a, order="C", copy=True)
-    if a.dtype == np.float16 or size == 1:
+    if size == 1:
+        send = np.array(a, order="C", copy=True)
         allreduce_flat(state, send.reshape(-1), op, pre, post)
-        return send[lo:hi].copy()
+        return send
+    if not mpi_can_reduce(a.dtype):     # our ring's first phase: half an allreduce's traffic
+        return _ring_reducescatter(state, a, op, pre, post, bounds, row_elems)
+    send = np.array(a, order="C", copy=True)
     if pre != 1.0:
         scale(send.reshape(-1), pre)
     out = np.empty((hi - lo,) + a.shape[1:], a.dtype)
@@ -341,6 +345,22 @@ def reducescatter(state, x, op=Average, name=None, prescale_factor=1.0, postscal
     if factor != 1.0:
         scale(out.reshape(-1), factor)
     return out
+
+
+def _ring_reducescatter(state, a, op, pre, post, bounds, row_elems):
+    """reducescatter on the ring (a dtype MPI cannot reduce): the blocks laid out so that the
+    chunk the ring completes on rank r, ``owned_chunk(r)`` = r + 1, is block r."""
+    size, rank = state.comm.Get_size(), state.comm.Get_rank()
+    order = [size - 1] + list(range(size - 1))          # ring chunk c holds block c - 1
+    flat = np.ascontiguousarray(a).reshape(-1)
+    ring = np.concatenate([flat[bounds[k] * row_elems:bounds[k + 1] * row_elems]
+                           for k in order])
+    offsets = np.concatenate([[0], np.cumsum([(bounds[k + 1] - bounds[k]) * row_elems
+                                              for k in order])]).tolist()
+    reduce_scatter_flat(state, ring, op, pre, post, bounds=offsets)
+    c = owned_chunk(rank, size)
+    rows = bounds[rank + 1] - bounds[rank]
+    return ring[offsets[c]:offsets[c + 1]].reshape((rows,) + a.shape[1:]).copy()
 
 
 def alltoall(state, x, splits=None, name=None):

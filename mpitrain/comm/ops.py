@@ -32,6 +32,12 @@ Sum, Average, Min, Max, Product = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN,
                                    ReduceOp.PRODUCT)
 # What each op reduces with (Average sums, then scales): MPI's op and NumPy's ufunc.
 MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+
+
+def mpi_can_reduce(dtype):
+    """Whether MPI's own reductions take ``dtype``: not float16, which MPI has no type for (our
+    ring reduces it with its own kernels). The one place this is decided."""
+    return np.dtype(dtype) != np.float16
 UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
 

@@ -69,17 +69,20 @@ def owned_chunk(rank, size):
     return (rank + 1) % size
 
 
-def ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish=None):
+def ring_reduce_scatter(comm, buf, reduce, scratch, sub, finish=None, bounds=None):
     """The first phase alone: afterwards chunk ``owned_chunk(rank, size)`` of ``buf`` (bounds
-    ``chunk_bounds``) is reduced over every rank; the other chunks hold partial results.
-    Arguments as for ``ring_allreduce``; hierarchical.py runs it inside a node."""
+    ``chunk_bounds``, or ``bounds``: size+1 offsets of chunks of any sizes) is reduced over
+    every rank; the other chunks hold partial results. Arguments as for ``ring_allreduce``;
+    hierarchical.py runs it inside a node."""
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.shape[0] == 0:
         return buf
     if sub < 1 or scratch.shape[0] < 2 * sub:
         raise ValueError(f"ring scratch of {scratch.shape[0]} elements < 2 * sub ({sub})")
     right, left = (rank + 1) % size, (rank - 1) % size
-    for step, (sends, recvs) in enumerate(_schedule(buf.shape[0], size, rank, sub)[0]):
+    bounds = None if bounds is None else tuple(int(b) for b in bounds)
+    for step, (sends, recvs) in enumerate(_schedule(buf.shape[0], size, rank, sub,
+                                                    bounds)[0]):
         _reduce_step(comm, buf, sends, recvs, left, right, reduce, scratch, sub, step,
                      finish if step == size - 2 else None)
     return buf
@@ -97,11 +100,15 @@ def ring_allgather(comm, buf, sub):
 
 
 @functools.lru_cache(maxsize=256)
-def _schedule(n, size, rank, sub):
+def _schedule(n, size, rank, sub, bounds=None):
     """(reduce-scatter steps, allgather steps) of one rank, each step (the sub-chunks it sends,
     the sub-chunks it receives) as (lo, hi) bounds: the table above, worked out once per shape
-    (a training step repeats the same few)."""
-    bounds = chunk_bounds(n, size)
+    (a training step repeats the same few); ``bounds``: the chunks' offsets, default
+    ``chunk_bounds(n, size)``."""
+    if bounds is None:
+        bounds = chunk_bounds(n, size)
+    elif len(bounds) != size + 1 or bounds[0] != 0 or bounds[-1] != n:
+        raise ValueError(f"ring chunk bounds {bounds} do not cut {n} elements in {size}")
 
     def step(send_c, recv_c):
         return _pieces(bounds, send_c, sub), _pieces(bounds, recv_c, sub)
