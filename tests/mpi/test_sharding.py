@@ -272,3 +272,25 @@ def test_deterministic_sharded_is_the_unsharded_deterministic_bits(sharding, kin
 def whole_state_bytes(kind):
     _, opt = train(kind, "none", steps=1)
     return opt.memory_bytes()["optimizer_state"]
+
+
+@pytest.mark.skipif(N == 1, reason="a rank to join while the others step")
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+def test_a_joined_rank_is_an_error_on_every_stepping_rank_not_a_hang(sharding):
+    """A joined rank cannot take part in the parameters' allgather: the ranks that step get a
+    CollectiveError naming the join (the reduce-scatter before it is served), and a join after
+    it ends the job's joins as usual."""
+    m = model()
+    opt = DistributedOptimizer(INNER["adam"](m), m.named_parameters(), sharding=sharding)
+    if R == N - 1:
+        assert mt.join() != N - 1           # the stepping ranks joined after it
+        return
+    loss_fn = mt.nn.SoftmaxCrossEntropy()
+    rng = np.random.default_rng(R)
+    opt.zero_grad()
+    loss_fn.forward(m.forward(rng.standard_normal((B, 9)).astype(np.float32)),
+                    rng.integers(0, 10, B))
+    m.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
+    with pytest.raises(mt.CollectiveError, match="joined"):
+        opt.step()
+    mt.join()
