@@ -118,6 +118,22 @@ class Piece:
         return self.param.kernels
 
 
+def owned_pieces(buckets, size):
+    """Every piece of every rank's chunk ``comm.owned_chunk(r, size)`` of every bucket
+    (buckets.Bucket), bucket by bucket, rank by rank, entry by entry: (bucket index, rank r,
+    the entry's array index, its elements [start, stop) of the bucket, the entry's offset in
+    the bucket, the chunk's start)."""
+    for index, b in enumerate(buckets):
+        bounds = comm.chunk_bounds(b.total, size)
+        for r in range(size):
+            c = comm.owned_chunk(r, size)
+            lo, hi = bounds[c], bounds[c + 1]
+            for i, off, n in b.entries:
+                a, z = max(lo, off), min(hi, off + n)
+                if z > a:
+                    yield index, r, i, a, z, off, lo
+
+
 class Layout:
     """Which elements each rank owns: ``ranks[r]`` = [(parameter index, start, stop)], element
     ranges of the flattened parameters, every element owned by exactly one rank."""
@@ -145,16 +161,9 @@ class Layout:
         entry i is parameter ``param_of[i]``): what the ring's reduce-scatter leaves on it.
         Also returns, per rank, each piece's (bucket index, offset in the bucket's chunk)."""
         ranks, where = [[] for _ in range(size)], [[] for _ in range(size)]
-        for index, b in enumerate(buckets):
-            bounds = comm.chunk_bounds(b.total, size)
-            for r in range(size):
-                c = comm.owned_chunk(r, size)
-                lo, hi = bounds[c], bounds[c + 1]
-                for i, off, n in b.entries:
-                    a, z = max(lo, off), min(hi, off + n)
-                    if z > a:
-                        ranks[r].append((param_of[i], a - off, z - off))
-                        where[r].append((index, a - lo))
+        for index, r, i, a, z, off, lo in owned_pieces(buckets, size):
+            ranks[r].append((param_of[i], a - off, z - off))
+            where[r].append((index, a - lo))
         return cls(sizes, ranks), where
 
     def rounds(self, round_elements):
@@ -177,20 +186,17 @@ class Layout:
                         for pieces in self.ranks])
         return out
 
-    def gather(self, mine, dtype, process_set, out=None, skip=None):
+    def gather(self, mine, dtype, process_set):
         """Every rank's values of its pieces (``mine``: this rank's, concatenated in piece
-        order), allgathered into ``out`` (flat arrays, one per parameter; default new ones),
-        the pieces of rank ``skip`` left as they are; returns ``out``."""
+        order), allgathered: one flat array per parameter."""
         every = mine if len(self.ranks) == 1 else comm.allgather(
             np.ascontiguousarray(mine, dtype), name="DistributedOptimizer.sharded",
             process_set=process_set)
-        if out is None:
-            out = [np.empty(n, dtype) for n in self.sizes]
+        out = [np.empty(n, dtype) for n in self.sizes]
         pos = 0
-        for r, pieces in enumerate(self.ranks):
+        for pieces in self.ranks:
             for i, a, b in pieces:
-                if r != skip:
-                    out[i][a:b] = every[pos:pos + b - a]
+                out[i][a:b] = every[pos:pos + b - a]
                 pos += b - a
         return out
 
@@ -256,12 +262,6 @@ class ShardedStep:
                         pos += b - a
         opt.comm_time_s += time.perf_counter() - start
 
-    def memory_bytes(self):
-        held = super().memory_bytes()
-        held["optimizer_state"] = sum(
-            int(a.nbytes) for arrays in self.opt.optimizer.state.values() for a in arrays)
-        return held
-
     # -- checkpoints: the unsharded state ---------------------------------------------------
     def checkpoint_state(self):
         """Collective: the state an unsharded inner optimizer would have (every buffer whole,
@@ -301,48 +301,43 @@ class ShardedStep:
         """Take an unsharded state (``checkpoint_state``'s, or an unsharded run's), or a
         sharded checkpoint's reader (``scalars``, ``read(buffer, i, start, stop)``), and load
         this rank's pieces of every buffer into the inner optimizer; a state of other
-        parameters is a ValueError."""
-        if hasattr(state, "read"):
-            self._load_pieces(state)
-            return
+        parameters is a ValueError (checked whole, so the same on every rank)."""
         inner = self.opt.optimizer
-        mine = {key: value for key, value in state.items() if "." not in key}
-        mask = np.asarray(state.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
+        if hasattr(state, "read"):
+            if state.sizes != self.sizes or sorted(state.buffers) != sorted(inner.state):
+                raise ValueError(f"{type(inner).__name__} state mismatch: the checkpoint's "
+                                 f"buffers {sorted(state.buffers)} of {len(state.sizes)} "
+                                 f"parameters, this optimizer's {sorted(inner.state)} of "
+                                 f"{len(self.sizes)}")
+            mine, read = dict(state.scalars), state.read
+        else:
+            mine, read = {key: value for key, value in state.items() if "." not in key}, None
+        mask = np.asarray(mine.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
         if mask.shape != (len(self.sizes),):
             raise ValueError(f"state_dict['no_decay'] has shape {mask.shape}, expected "
                              f"({len(self.sizes)},): one flag per parameter")
         mine["no_decay"] = mask[np.asarray(self.owners, np.int64)]
+        if read is None:
+            flats = {name: self._whole_buffer(inner, state, name) for name in inner.state}
+
+            def read(name, i, start, stop):
+                return flats[name][i][start:stop]
         for name in inner.state:
-            flats = []
-            for i, size in enumerate(self.sizes):
-                value = state.get(f"{name}.{i}")
-                if value is None or np.asarray(value).size != size:
-                    raise ValueError(f"{type(inner).__name__} state_dict mismatch: "
-                                     f"{name}.{i} missing or not of parameter {i}'s size")
-                flats.append(np.asarray(value).reshape(-1))
-            for j, piece in enumerate(self.pieces):
-                mine[f"{name}.{j}"] = flats[self.owners[j]][piece.start:piece.stop]
+            for j, (i, piece) in enumerate(zip(self.owners, self.pieces)):
+                mine[f"{name}.{j}"] = read(name, i, piece.start, piece.stop)
         inner.load_state_dict(mine)
         self.full_mask = (mask != 0).astype(np.uint8)
 
-    def _load_pieces(self, reader):
-        inner = self.opt.optimizer
-        if reader.sizes != self.sizes or sorted(reader.buffers) != sorted(inner.state):
-            raise ValueError(f"{type(inner).__name__} state mismatch: the checkpoint's "
-                             f"buffers {sorted(reader.buffers)} of {len(reader.sizes)} "
-                             f"parameters, this optimizer's {sorted(inner.state)} of "
-                             f"{len(self.sizes)}")
-        mine = dict(reader.scalars)
-        mask = np.asarray(mine.get("no_decay", np.zeros(len(self.sizes), np.uint8)))
-        if mask.shape != (len(self.sizes),):
-            raise ValueError(f"the checkpoint's no_decay has shape {mask.shape}, expected "
-                             f"({len(self.sizes)},)")
-        mine["no_decay"] = mask[np.asarray(self.owners, np.int64)]
-        for name in inner.state:
-            for j, (i, piece) in enumerate(zip(self.owners, self.pieces)):
-                mine[f"{name}.{j}"] = reader.read(name, i, piece.start, piece.stop)
-        inner.load_state_dict(mine)
-        self.full_mask = (mask != 0).astype(np.uint8)
+    def _whole_buffer(self, inner, state, name):
+        """Buffer ``name`` of every parameter in an unsharded ``state``, flattened."""
+        flats = []
+        for i, size in enumerate(self.sizes):
+            value = state.get(f"{name}.{i}")
+            if value is None or np.asarray(value).size != size:
+                raise ValueError(f"{type(inner).__name__} state_dict mismatch: "
+                                 f"{name}.{i} missing or not of parameter {i}'s size")
+            flats.append(np.asarray(value).reshape(-1))
+        return flats
 
 
 class OptimizerSharding(ShardedStep, GradientAveraging):

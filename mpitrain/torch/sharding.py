@@ -28,7 +28,7 @@ import torch
 
 from mpitrain import comm
 from mpitrain.parallel.gradients import Compressor, GradientAveraging
-from mpitrain.parallel.sharded import GradientSharding
+from mpitrain.parallel.sharded import GradientSharding, owned_pieces
 from mpitrain.torch.ops import allgather, broadcast_object
 
 
@@ -258,21 +258,13 @@ class GradientShards(GradientAveraging):
         size, me = self.size, self.rank
         self.sends = [[] for _ in range(size)]
         self.receives = [[] for _ in range(size)]
-        for k, b in enumerate(buckets):
-            bounds = comm.chunk_bounds(b.total, size)
-            for r in range(size):
-                c = comm.owned_chunk(r, size)
-                lo, hi = bounds[c], bounds[c + 1]
-                for i, off, length in b.entries:
-                    a, z = max(lo, off), min(hi, off + length)
-                    if z <= a:
-                        continue
-                    j = self.param_of[i]
-                    owner = self.owners[j]
-                    if r == me:
-                        self.sends[owner].append((k, a, z, j, off))
-                    if owner == me:
-                        self.receives[r].append((j, a - off, z - off))
+        for k, r, i, a, z, off, _ in owned_pieces(buckets, size):
+            j = self.param_of[i]
+            owner = self.owners[j]
+            if r == me:
+                self.sends[owner].append((k, a, z, j, off))
+            if owner == me:
+                self.receives[r].append((j, a - off, z - off))
 
     def bucket_allreduce(self):
         if self.scatter is not None:
