@@ -70,14 +70,41 @@ class Layer(Module):
             raise ValueError(f"layer dtype must be floating point, got {self.dtype}")
         self._ws = {}
 
+    def used_parameters(self):
+        """The Parameters this layer's arithmetic reads: its own (a tied layer: another's)."""
+        return list(self._params.values())
+
     def forward_through(self, x):
-        return self.forward(x)
+        gate = self._gate()
+        if gate is None:
+            return self.forward(x)
+        params = self.used_parameters()
+        gate.gather(params, "forward")      # sharded parameters: whole for this call only
+        try:
+            return self.forward(x)
+        finally:
+            gate.release(params)
 
     def backward_through(self, grad_y, need_input_grad, on_layer_done):
-        grad_x = self.backward(grad_y, need_input_grad=need_input_grad)
+        gate = self._gate()
+        if gate is None:
+            grad_x = self.backward(grad_y, need_input_grad=need_input_grad)
+        else:
+            params = self.used_parameters()
+            gate.gather(params, "backward")
+            try:
+                grad_x = self.backward(grad_y, need_input_grad=need_input_grad)
+            finally:
+                gate.release(params)
         if on_layer_done is not None and self._params:
             on_layer_done(list(self._params.values()))
         return grad_x
+
+    def _gate(self):
+        """What gathers this layer's sharded parameters (Parameter.gate), or None."""
+        for p in self.used_parameters():
+            return p.gate
+        return None
 
     def workspace(self, key, shape, dtype=None):
         """A reusable array of ``shape``; regrown only when axis 0 outgrows it."""

@@ -5,6 +5,11 @@ can average gradients between the two). ``zero_grad()`` is lazy: it marks the gr
 of writing zeros, and the first layer to produce a gradient overwrites it (a GEMM with beta=0)
 instead of adding to zeros. Reading ``.grad`` while stale zero-fills it first, so a stale gradient
 is never observable -- it is only a saving of one pass over every weight per step.
+
+Sharded parameters (parallel/parameter_sharding.py) release ``.data`` between uses: ``gate`` is
+then the object that gathers it (a layer asks it before its forward and its backward: see
+``Layer.forward_through``), and reading a released ``.data`` is a RuntimeError naming the way
+to the whole values (``with opt.full_parameters():``). ``shape``, ``dtype`` and ``size`` stay.
 """
 import numpy as np
 
@@ -27,26 +32,51 @@ class Parameter:
                 raise ValueError(f"Parameter data must be floating point, got dtype {data.dtype}")
             if self.kernels.name != "cpu" or not data.flags.c_contiguous:
                 data = self.kernels.to_device(data)
+        self.gate = None        # what gathers a released .data (sharded parameters)
         self.data = data
         self._grad = self.kernels.zeros(data.shape, data.dtype)
         self._stale = False
 
     @property
+    def data(self):
+        if self._data is None:
+            raise RuntimeError(f"this {self!r} is sharded across ranks (sharding='parameters'): "
+                               f"its values exist inside its layer's forward and backward, or "
+                               f"in `with opt.full_parameters():` on every rank")
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self._data = value
+        self._shape, self._dtype = tuple(value.shape), value.dtype
+        self._size = int(value.size)
+
+    def release_data(self):
+        """Free ``.data`` (sharded parameters: this rank keeps its slice elsewhere); shape and
+        dtype stay, and setting ``.data`` holds it again."""
+        self._data = None
+
+    @property
+    def holds_data(self):
+        """Whether ``.data`` is allocated (False after ``release_data``)."""
+        return self._data is not None
+
+    @property
     def shape(self):
-        return self.data.shape
+        return self._shape
 
     @property
     def dtype(self):
-        return self.data.dtype
+        return self._dtype
 
     @property
     def size(self):
-        return self.data.size
+        return self._size
 
     @property
     def grad(self):
         if self._grad is None:                  # released: zeros anew
-            self._grad = self.kernels.zeros(self.data.shape, self.data.dtype)
+            self._grad = self.kernels.zeros(self._shape, self._dtype)
             self._stale = False
         if self._stale:
             self.kernels.fill(self._grad, 0)
@@ -55,9 +85,9 @@ class Parameter:
 
     @grad.setter
     def grad(self, value):
-        if tuple(value.shape) != tuple(self.data.shape):
+        if tuple(value.shape) != self._shape:
             raise ValueError(f"grad shape {tuple(value.shape)} != parameter shape "
-                             f"{tuple(self.data.shape)}")
+                             f"{self._shape}")
         self._grad = value
         self._stale = False
 
@@ -85,8 +115,8 @@ class Parameter:
         accumulate = not self._stale
         self._stale = False
         if self._grad is None:                  # released: overwritten, never accumulated
-            self._grad = self.kernels.empty(self.data.shape, self.data.dtype)
+            self._grad = self.kernels.empty(self._shape, self._dtype)
         return self._grad, accumulate
 
     def __repr__(self):
-        return f"Parameter(shape={tuple(self.data.shape)}, dtype={self.data.dtype})"
+        return f"Parameter(shape={self._shape}, dtype={self._dtype})"

@@ -327,6 +327,9 @@ class _TiedHead(Layer):
         super().__init__(kernels, dtype)
         self._weight = weight
 
+    def used_parameters(self):
+        return [self._weight]
+
     def forward(self, x):
         b, t, c = x.shape
         w = self._weight.data                                           # (V, C)

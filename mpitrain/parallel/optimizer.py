@@ -1,6 +1,6 @@
 """DistributedOptimizer: the facade. It validates its arguments, picks one strategy at
-construction -- gradients.py (Horovod), weights.py (PNNL), deterministic.py or sharded.py
-(optimizer-state sharding) -- and delegates
+construction -- gradients.py (Horovod), weights.py (PNNL), deterministic.py, sharded.py (optimizer-state
+and gradient sharding) or parameter_sharding.py -- and delegates
 the backward hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes no MPI calls of its
 own. Its public surface is Horovod's (docs/byo_loop.md).
 """
@@ -14,7 +14,7 @@ from mpitrain import comm
 from mpitrain.parallel.deterministic import DeterministicGradients, check_arguments
 from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
                                          is_compressor)
-from mpitrain.parallel import sharded
+from mpitrain.parallel import parameter_sharding, sharded
 from mpitrain.parallel.weights import WeightAveraging, average_weights
 
 AVERAGE_MODES = ("gradients", "weights")
@@ -55,10 +55,14 @@ class DistributedOptimizer:
     rest of every gradient is released). The parameters are the unsharded run's, bit for bit,
     and a checkpoint holds the unsharded state (it loads at any N). With deterministic=True
     both average in the fixed tree, whole, and shard the optimizer state (the bits of the
-    unsharded deterministic run at every N). "parameters" is refused for now, as are weights
-    mode and device parameters; "gradients" also refuses a compressor of your own,
-    MPITRAIN_AUTOTUNE, and clip_grad_norm with other than float32 parameters (it clips by the
-    exact norm over the slices, mt.nn.clip_grad_norm_'s bits).
+    unsharded deterministic run at every N). "parameters" (parameter_sharding.py, stage 3):
+    as "gradients", and after the first step each rank keeps only its share of the parameters;
+    a layer's are allgathered just before its forward and its backward (the next layer's
+    prefetched meanwhile) and released after; read them whole in ``with
+    opt.full_parameters():``. Weights mode and device parameters are refused; "gradients" and
+    "parameters" also refuse a compressor of your own, MPITRAIN_AUTOTUNE, and clip_grad_norm
+    with other than float32 parameters (it clips by the exact norm over the slices,
+    mt.nn.clip_grad_norm_'s bits).
     ``memory_bytes()`` says what this rank holds.
 
     ``backward_passes_per_step`` k (accumulation.py): ``step()`` comes after k backward passes,
@@ -129,7 +133,11 @@ class DistributedOptimizer:
         # the one strategy, for the optimizer's life
         if self.deterministic:
             self.strategy = (DeterministicGradients(self) if sharding == "none"
+                             else parameter_sharding.DeterministicParameterSharding(self)
+                             if sharding == "parameters"
                              else sharded.DeterministicSharding(self))
+        elif sharding == "parameters":
+            self.strategy = parameter_sharding.ParameterSharding(self)
         elif sharding == "optimizer":
             self.strategy = sharded.OptimizerSharding(self)
         elif sharding == "gradients":
@@ -189,6 +197,13 @@ class DistributedOptimizer:
     def memory_bytes(self):
         """The bytes this rank holds: {"parameters", "gradients", "optimizer_state"}."""
         return self.strategy.memory_bytes()
+
+    def full_parameters(self):
+        """``with opt.full_parameters():`` -- collective: every parameter's ``.data`` whole
+        inside the block (read a model's ``state_dict()``, save it, sample from it, load
+        into it). Needed only with ``sharding="parameters"``, whose parameters are otherwise
+        whole inside their layer's forward and backward only; elsewhere it does nothing."""
+        return self.strategy.full_parameters()
 
     # -- averaging --
     def backward_hook(self, params):

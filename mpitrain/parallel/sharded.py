@@ -61,9 +61,6 @@ def check_mode(sharding, average, deterministic, clip_grad_norm=None):
         raise ValueError(f"sharding {sharding!r}: expected one of {', '.join(SHARDINGS)}")
     if sharding == "none":
         return
-    if sharding == "parameters":
-        raise ValueError("sharding='parameters' is not available yet; sharding='gradients' "
-                         "splits the optimizer state and the gradients")
     if average != "gradients":
         raise ValueError(f"sharding={sharding!r} splits the optimizer state of averaged "
                          f"gradients; average={average!r} has no gradients to shard")
@@ -82,13 +79,14 @@ def check_arguments(sharding, average, deterministic, params, compression=None,
     if params and not isinstance(params[0].data, np.ndarray):
         raise ValueError(f"sharding={sharding!r} runs on host arrays; device parameters are "
                          f"not sharded yet")
-    if (sharding == "gradients" and clip_grad_norm is not None and params
+    if (sharding in ("gradients", "parameters") and clip_grad_norm is not None and params
             and np.dtype(params[0].dtype) != np.float32):
-        raise ValueError(f"sharding='gradients' with clip_grad_norm sums the slices' squares "
+        raise ValueError(f"sharding={sharding!r} with clip_grad_norm sums the slices' squares "
                          f"exactly, which needs float32 parameters, not "
                          f"{np.dtype(params[0].dtype)}")
-    if sharding == "gradients" and not isinstance(compression, (Compressor, type(None))):
-        raise ValueError(f"sharding='gradients' reduce-scatters buckets; compression "
+    if sharding in ("gradients", "parameters") and not isinstance(compression,
+                                                                  (Compressor, type(None))):
+        raise ValueError(f"sharding={sharding!r} reduce-scatters buckets; compression "
                          f"{compression!r} (a compressor of your own) needs whole "
                          f"gradients: use sharding='optimizer', or mt.Compression.fp16")
 
@@ -96,15 +94,19 @@ def check_arguments(sharding, average, deterministic, params, compression=None,
 class Piece:
     """Elements [start, stop) of a parameter's flattened ``.data`` and ``.grad``, read afresh
     at every access (``.grad`` may be replaced between steps); ``shard``: where the gradient
-    lives instead (sharded gradients: this rank's slice of the averaged gradient)."""
+    lives instead (sharded gradients: this rank's slice of the averaged gradient); ``store``:
+    where the values live instead (sharded parameters: parameter_sharding.py)."""
 
-    __slots__ = ("param", "start", "stop", "shard")
+    __slots__ = ("param", "start", "stop", "shard", "store")
 
     def __init__(self, param, start, stop, shard=None):
         self.param, self.start, self.stop, self.shard = param, start, stop, shard
+        self.store = None
 
     @property
     def data(self):
+        if self.store is not None:
+            return self.store
         return self.param.data.reshape(-1)[self.start:self.stop]
 
     @property
@@ -211,7 +213,7 @@ class ShardedStep:
         params = opt.params
         ps = opt.process_set
         self.size, self.rank = (ps.size(), ps.rank()) if ps.included() else (1, 0)
-        self.sizes = [int(p.data.size) for p in params]
+        self.sizes = [int(p.size) for p in params]
         self.layout = layout or Layout.contiguous(self.sizes, self.size)
         mine = self.layout.ranks[self.rank]
         self.owners = [i for i, _, _ in mine]
@@ -276,7 +278,7 @@ class ShardedStep:
                 self.mine([mine[f"{name}.{j}"] for j in range(len(self.pieces))]),
                 self.dtype, self.opt.process_set)
             for i, (p, flat) in enumerate(zip(self.opt.params, flats)):
-                state[f"{name}.{i}"] = flat.reshape(p.data.shape)
+                state[f"{name}.{i}"] = flat.reshape(p.shape)
         return state
 
     reads_pieces = True
@@ -294,7 +296,7 @@ class ShardedStep:
         scalars["no_decay"] = self.full_mask.copy()
         buffers = {name: self.mine([mine[f"{name}.{j}"] for j in range(len(self.pieces))])
                    for name in inner.state}
-        shapes = [tuple(p.data.shape) for p in self.opt.params]
+        shapes = [tuple(p.shape) for p in self.opt.params]
         return scalars, list(self.layout.ranks[self.rank]), buffers, shapes
 
     def load_checkpoint_state(self, state):
@@ -366,7 +368,7 @@ class GradientSharding(OptimizerSharding):
         if size > 1 and params:
             self.arrival = self.overlaps(opt)
             order = list(reversed(params)) if self.arrival else list(params)
-            specs = [(tuple(p.data.shape), np.dtype(p.dtype)) for p in order]
+            specs = [(tuple(p.shape), np.dtype(p.dtype)) for p in order]
             self.wire = [opt.compression.wire_dtype(d) for _, d in specs]
             f = opt.gradient_predivide_factor
             self.scatter = comm.bucket_reduce_scatter(
@@ -376,7 +378,7 @@ class GradientSharding(OptimizerSharding):
             param_of = [n - 1 - i for i in range(n)] if self.arrival else list(range(n))
             buckets = comm.bucket_plan(specs, self.wire, opt.fusion_threshold_bytes,
                                        self.arrival)
-            layout, where = Layout.of_buckets([int(p.data.size) for p in params], buckets,
+            layout, where = Layout.of_buckets([int(p.size) for p in params], buckets,
                                               param_of, size)
             rank = ps.rank()
             dtype = np.dtype(params[0].dtype)
@@ -390,9 +392,9 @@ class GradientSharding(OptimizerSharding):
         if self.scatter is not None and self.arrival:
             self.buckets = self.scatter         # Strategy.pending() and zero_grad see them
         if self.scatter is not None and self.autotuner is not None:
-            raise ValueError("sharding='gradients' fixes its buckets at construction; "
-                             "MPITRAIN_AUTOTUNE=1 changes them: unset it, or use "
-                             "sharding='optimizer'")
+            raise ValueError(f"sharding={opt.sharding!r} fixes its buckets at construction; "
+                             f"MPITRAIN_AUTOTUNE=1 changes them: unset it, or use "
+                             f"sharding='optimizer'")
 
     @staticmethod
     def overlaps(opt):
@@ -413,8 +415,8 @@ class GradientSharding(OptimizerSharding):
 
     def set_fusion_threshold(self, threshold_bytes):
         if self.scatter is not None:
-            raise ValueError("sharding='gradients' fixes its buckets (and each rank's share) "
-                             "at construction: pass fusion_threshold_bytes there")
+            raise ValueError(f"sharding={self.opt.sharding!r} fixes its buckets (and each "
+                             f"rank's share) at construction: pass fusion_threshold_bytes there")
         super().set_fusion_threshold(threshold_bytes)
 
     def average(self):

@@ -12,6 +12,8 @@ inline payload, so every rank learns the OR of them with no MPI call of its own.
 arguments (``step`` -> ``synchronize`` -> ``agree``) and come back as return values; so does the
 update a caller runs instead of the inner optimizer's ``step`` (mpitrain.torch's closure).
 """
+import contextlib
+
 from mpitrain import comm
 from mpitrain.nn.clip import clip_grad_norm_
 from mpitrain.parallel import report
@@ -96,6 +98,11 @@ class Strategy:
 
     reads_pieces = False    # load_checkpoint_state takes a sharded checkpoint's reader
 
+    def full_parameters(self):
+        """A context in which every parameter's ``.data`` is whole: they always are, but
+        under sharded parameters (parameter_sharding.py)."""
+        return contextlib.nullcontext()
+
     def checkpoint_pieces(self):
         """None: a checkpoint holds ``checkpoint_state()`` (sharded.py: each rank's piece)."""
         return None
@@ -105,7 +112,7 @@ class Strategy:
         parameter's size) and the inner optimizer's state (host or device arrays alike)."""
         params = self.opt.params
         state = getattr(self.opt.optimizer, "state", {})
-        held = sum(int(p.data.nbytes) for p in params)
+        held = sum(int(p.data.nbytes) for p in params if getattr(p, "holds_data", True))
         return {"parameters": held, "gradients": held,
                 "optimizer_state": sum(int(a.nbytes) for arrays in state.values()
                                        for a in arrays)}

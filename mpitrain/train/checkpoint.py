@@ -40,6 +40,7 @@ Two levels, one format:
   do, so both kinds of checkpoint are the same file. ``restart_count()``: how many times
   mpitrainrun has relaunched the job (MPITRAIN_RESTART_COUNT), for a loop that logs it.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -362,6 +363,8 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
     distributed = isinstance(optimizer, DistributedOptimizer)
     pieces = optimizer.checkpoint_pieces() if distributed else None
     shards = None
+    with optimizer.full_parameters() if distributed else contextlib.nullcontext():
+        model_state = model.state_dict(copy=True) if comm.rank() == 0 else None
     if pieces is not None:          # sharded: every rank writes its piece, no gather
         optimizer_state, shards = write_pieces(directory, step, pieces)
     else:
@@ -374,7 +377,7 @@ def save(directory, model, optimizer, step=None, extra=None, keep=KEEP):
                 raise CheckpointError(f"{directory} holds {os.path.basename(newer[-1])}, newer "
                                       f"than step {step}: resume from it (load_latest) or save "
                                       f"into an empty folder")
-            path = write(directory, step, model.state_dict(copy=True), optimizer_state, extra,
+            path = write(directory, step, model_state, optimizer_state, extra,
                          keep=keep or 0, shards=shards)
         except CheckpointError as exc:
             error = str(exc)
@@ -419,7 +422,11 @@ def load_latest(directory, model, optimizer):
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     try:
         what = "model"
-        model.load_state_dict(params)
+        if isinstance(optimizer, DistributedOptimizer):
+            with optimizer.full_parameters():   # every rank: none raises before it
+                model.load_state_dict(params)
+        else:
+            model.load_state_dict(params)
         what = "optimizer"
         if isinstance(optimizer, DistributedOptimizer):
             optimizer.load_checkpoint_state(optimizer_state)     # its strategy's slice

@@ -152,8 +152,9 @@ class Config:
     average_every: int = _opt(1, "steps between weight averages (--average weights)")
     sharding: str = _opt("none", "split across ranks: optimizer = each rank keeps and steps "
                                  "the optimizer state of 1/N of the parameters; gradients = "
-                                 "and of the gradients, reduce-scattered (same bits; "
-                                 "parameters: not yet)", choices=SHARDINGS)
+                                 "and of the gradients, reduce-scattered; parameters = and "
+                                 "the parameters, gathered layer by layer (same bits)",
+                         choices=SHARDINGS)
     fp16_allreduce: bool = _opt(False, "send float32 gradients as float16")
     fusion_threshold_bytes: Optional[int] = _opt(None, "gradient bucket size in bytes (0 = one "
                                                        "allreduce per tensor; default 4 MiB "

@@ -90,7 +90,8 @@ class Trainer:
             raise CheckpointError(f"{path} was written with another vocabulary "
                                   f"({_describe(written)}, this data has {_describe(mine)})")
         try:
-            self.model.load_state_dict(checkpoint["params"])
+            with self.optimizer.full_parameters():
+                self.model.load_state_dict(checkpoint["params"])
             self.optimizer.load_checkpoint_state(checkpoint["optimizer"])
         except (ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{path} does not fit this model: {one_line(exc)}") from None
@@ -130,17 +131,20 @@ class Trainer:
         if records.last_eval_step != self.step or records.last_eval is None:
             records.last_eval, records.last_eval_step = self.evaluate(), self.step
         if config.save:
-            state = self.model.state_dict(copy=True) if self.rank == 0 else None
+            with self.optimizer.full_parameters():       # collective (sharded parameters)
+                state = self.model.state_dict(copy=True) if self.rank == 0 else None
             self.outputs.attempt("--save", config.save,
                                  lambda: ckpt.atomic_savez(config.save, state))
         summary = records.summary(metrics, first_step, wall)
         self.outputs.wait()
         self.outputs.check()
-        if config.sample and self.rank == 0:
-            text = sample_text(self.model, self.train_set, config.sample, config.temperature,
-                               config.seed)
-            print(f"sample ({config.sample} tokens, temperature {config.temperature:g}):\n"
-                  f"{text}", flush=True)
+        if config.sample:
+            with self.optimizer.full_parameters():       # rank 0 alone runs the model
+                if self.rank == 0:
+                    text = sample_text(self.model, self.train_set, config.sample,
+                                       config.temperature, config.seed)
+                    print(f"sample ({config.sample} tokens, temperature "
+                          f"{config.temperature:g}):\n{text}", flush=True)
         return summary
 
     def _steps(self, metrics, log_every):
@@ -267,6 +271,8 @@ class Trainer:
         config = self.config
         background = config.checkpoint_async if background is None else background
         self.plan.agree_on_buffers(self.model)
+        with self.optimizer.full_parameters():           # collective (sharded parameters)
+            model_state = self.model.state_dict(copy=True) if self.rank == 0 else None
         pieces, shards = self.optimizer.checkpoint_pieces(), None
         if pieces is None:
             opt_state = self.optimizer.checkpoint_state()
@@ -283,7 +289,7 @@ class Trainer:
                     "vocabulary": vocabulary(self.train_set),
                     "deterministic_micro_shards": (config.micro_shards if config.deterministic
                                                    else None)}
-            state, step = self.model.state_dict(copy=True), self.step    # copies: a snapshot
+            state, step = model_state, self.step
             self.outputs.wait()
             self.outputs.attempt("a checkpoint into", config.checkpoint_dir,
                                  lambda: ckpt.write(config.checkpoint_dir, step, state,

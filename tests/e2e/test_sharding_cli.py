@@ -1,7 +1,8 @@
-"""``python -m mpitrain --sharding optimizer|gradients``: the parameters of the unsharded run, bit
-for bit, at N = 2 and 3 (the ring at 3); a sharded job's checkpoint holds the unsharded state, so
-an unsharded job resumes from it to the uninterrupted run's bits, and a sharded job on another N
-resumes from it too; what cannot be sharded is one line and exit code 2."""
+"""``python -m mpitrain --sharding optimizer|gradients|parameters``: the parameters of the
+unsharded run, bit for bit, at N = 2 and 3 (the ring at 3); a sharded job's checkpoint holds the
+unsharded state, so an unsharded job resumes from it to the uninterrupted run's bits, and a
+sharded job on another N resumes from it too; a GPT with sharded parameters evaluates, samples
+and saves as the unsharded one; what cannot be sharded is one line and exit code 2."""
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.launch import MPIEXEC, REPO, child_env, load_npz, run_mpitrain
+from tests.support.texts import text_file
 
 TINY = ["--dataset", "synthetic", "--synthetic-samples", "256", "--hidden", "16",
         "--batch-size", "8", "--no-progress", "--optimizer", "adam", "--lr", "0.01",
@@ -21,18 +23,18 @@ RING = {"MPITRAIN_ALLREDUCE": "ring"}
 @pytest.mark.parametrize("clip", [[], ["--clip-grad-norm", "0.05"]], ids=["plain", "clip"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_sharded_run_ends_on_the_unsharded_bits(tmp_path, n, clip):
-    for sharding in ("optimizer", "gradients", "none"):
+    for sharding in ("optimizer", "gradients", "parameters", "none"):
         run_mpitrain(n, [*TINY, *clip, "--sharding", sharding, "--save", f"{sharding}.npz"],
                      tmp_path, env=RING)
     whole = load_npz(tmp_path / "none.npz")
-    for sharding in ("optimizer", "gradients"):
+    for sharding in ("optimizer", "gradients", "parameters"):
         sharded = load_npz(tmp_path / f"{sharding}.npz")
         assert sharded.keys() == whole.keys()
         for key in whole:
             assert sharded[key].tobytes() == whole[key].tobytes(), (sharding, key)
 
 
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients", "parameters"])
 def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path, sharding):
     ck = ["--checkpoint-dir", "ck", "--checkpoint-every", "6"]
     run_mpitrain(3, [*TINY, "--sharding", sharding, *ck, "--save", "whole.npz"], tmp_path,
@@ -53,7 +55,7 @@ def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path, shard
 @pytest.mark.parametrize("flags,message", [
     (["--sharding", "gradients", "--average", "weights"], "has no gradients to shard"),
     (["--sharding", "optimizer", "--uneven"], "with --uneven is not available yet"),
-    (["--sharding", "parameters"], "not available yet"),
+    (["--sharding", "parameters", "--average", "weights"], "has no gradients to shard"),
 ])
 def test_what_cannot_be_sharded_is_one_line_and_exit_2(tmp_path, flags, message):
     p = run_mpitrain(2, [*TINY, *flags], tmp_path, ok=False)
@@ -107,3 +109,24 @@ def test_deterministic_sharded_checkpoint_resumes_on_any_n_to_the_same_bytes(tmp
     assert (tmp_path / "two.npz").read_bytes() == whole
     assert (tmp_path / "one.npz").read_bytes() == whole
     assert (tmp_path / "plain.npz").read_bytes() == whole
+
+
+def test_a_gpt_with_sharded_parameters_evaluates_samples_and_saves_the_unsharded_bits(
+        tmp_path):
+    text = text_file(tmp_path)
+    gpt = ["--model", "gpt", "--n-layer", "2", "--n-head", "2", "--n-embd", "16",
+           "--block-size", "16", "--optimizer", "adamw", "--lr", "1e-2", "--clip-grad-norm",
+           "1.0", "--dropout", "0", "--eval-batches", "2", "--eval-every", "5", "--no-progress",
+           "--dataset", f"text:{text}", "--batch-size", "4", "--steps", "10", "--seed", "1",
+           "--sample", "40", "--temperature", "0"]
+    out = {}
+    for sharding in ("parameters", "none"):
+        p = run_mpitrain(2, [*gpt, "--sharding", sharding, "--save", f"{sharding}.npz",
+                             "--metrics-json", f"{sharding}.jsonl"], tmp_path)
+        out[sharding] = p.stdout.split("temperature 0):\n", 1)[1]
+    sharded, whole = load_npz(tmp_path / "parameters.npz"), load_npz(tmp_path / "none.npz")
+    for key in whole:
+        assert sharded[key].tobytes() == whole[key].tobytes(), key
+    assert out["parameters"] == out["none"] and len(out["none"].rstrip("\n")) == 40
+    evals = [(tmp_path / f"{s}.jsonl").read_text().count('"eval"') for s in out]
+    assert evals[0] == evals[1] > 0

@@ -1,5 +1,6 @@
 """Sharded data parallel under 1..4 ranks, the optimizer state (``sharding="optimizer"``, ZeRO
-stage 1) and the gradients too (``"gradients"``, stage 2): the parameters are the unsharded
+stage 1), the gradients too (``"gradients"``, stage 2) and the parameters too (``"parameters"``,
+stage 3: gathered layer by layer): the parameters are the unsharded
 run's bit for bit (SGD with momentum, Nesterov and weight decay, Adam, AdamW; clipping;
 accumulation; fp16 wire; overlapped buckets and the fused path), each rank holds 1/N of the
 optimizer state (and of the gradients), a checkpoint holds the unsharded state and loads into a
@@ -9,6 +10,7 @@ rank.
 Both runs of a comparison use the same gradients path and one summation algorithm for every
 size (the ring), so the average is the same bits and only the sharding differs.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -62,15 +64,22 @@ def train(kind, sharding, steps=STEPS, start=0, m=None, opt=None, k=1, **kw):
     return m, opt
 
 
+def state(m, opt=None):
+    """The model's state, whole (collective: sharded parameters are gathered for it)."""
+    with opt.full_parameters() if opt is not None else contextlib.nullcontext():
+        return m.state_dict(copy=True)
+
+
 def assert_bitwise(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
+    """``a``, ``b``: (model, its optimizer) pairs."""
+    sa, sb = state(*a), state(*b)
     for key in sb:
         assert sa[key].tobytes() == sb[key].tobytes(), \
             f"{key}: max diff {np.max(np.abs(sa[key] - sb[key]))}"
 
 
-def assert_one_model(m):
-    flat = b"".join(v.tobytes() for _, v in sorted(m.state_dict().items()))
+def assert_one_model(m, opt):
+    flat = b"".join(v.tobytes() for _, v in sorted(state(m, opt).items()))
     assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
 
 
@@ -87,27 +96,34 @@ EXTRA = {
 }
 
 
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+SHARDED = ["optimizer", "gradients", "parameters"]
+
+
+@pytest.mark.parametrize("sharding", SHARDED)
 @pytest.mark.parametrize("kind", sorted(INNER))
 @pytest.mark.parametrize("extra", sorted(EXTRA))
 def test_sharded_parameters_are_the_unsharded_bits(sharding, kind, extra):
     extra = EXTRA[extra]
     sharded, opt = train(kind, sharding, **extra)
     whole, unsharded = train(kind, "none", **extra)
-    assert_bitwise(sharded, whole)
+    assert_bitwise((sharded, opt), (whole, unsharded))
     if "clip_grad_norm" in extra:       # it clipped, by the unsharded norm's bits
         assert opt.grad_norm == unsharded.grad_norm > extra["clip_grad_norm"]
-    assert_one_model(sharded)
+    assert_one_model(sharded, opt)
     assert f"sharding={sharding!r}" in repr(opt)
 
 
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("sharding", SHARDED)
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_each_rank_holds_its_share_of_the_optimizer_state(sharding, kind):
-    _, sharded = train(kind, sharding, steps=1)
+    _, sharded = train(kind, sharding, steps=2)
     _, whole = train(kind, "none", steps=1)
     mine, all_of_it = sharded.memory_bytes(), whole.memory_bytes()
-    assert mine["parameters"] == all_of_it["parameters"] > 0
+    params = mt.allgather_object(mine["parameters"])
+    if sharding != "parameters" or N == 1:
+        assert params == [all_of_it["parameters"]] * N and params[0] > 0
+    else:       # between steps a rank holds its share of the parameters, no more
+        assert sum(params) == all_of_it["parameters"], params
     # the shares cover the flat parameters once: their sum over the ranks is the whole
     shares = mt.allgather_object(mine["optimizer_state"])
     assert sum(shares) == all_of_it["optimizer_state"] > 0
@@ -121,21 +137,49 @@ def test_each_rank_holds_its_share_of_the_optimizer_state(sharding, kind):
         assert sum(grads) == all_of_it["gradients"], grads
 
 
-@pytest.mark.parametrize("written", ["optimizer", "gradients"])
+@pytest.mark.skipif(N == 1, reason="one rank holds its parameters whole")
+def test_sharded_parameters_are_gathered_layer_by_layer_with_the_next_prefetched():
+    """Each step after the first: every layer's parameters gathered before its forward and
+    again before its backward, each gather but the first of a pass started one layer early;
+    between steps no parameter is held, and reading one is an error that says what to do."""
+    m, opt = train("adam", "parameters", steps=1)
+    gate = opt.strategy.gate
+    assert (gate.gathers, gate.prefetched) == (0, 0)      # the first step runs whole
+    layers = sum(1 for mod in m.modules() if mod._params)
+    train("adam", "parameters", steps=2, start=1, m=m, opt=opt)
+    assert gate.gathers == 2 * 2 * layers
+    assert gate.prefetched == 2 * 2 * (layers - 1)
+    assert not any(p.holds_data for p in m.parameters())
+    with pytest.raises(RuntimeError, match="opt.full_parameters"):
+        m.state_dict()
+    with opt.full_parameters():     # what is written there is kept
+        m.parameters()[0].data[0, 0] = 42.0
+    with opt.full_parameters():
+        assert m.parameters()[0].data[0, 0] == 42.0
+        assert all(p.holds_data for p in m.parameters())
+    assert not any(p.holds_data for p in m.parameters())
+
+
+@pytest.mark.parametrize("written", SHARDED)
 def test_a_checkpoint_holds_the_unsharded_state_and_resumes_at_any_n(tmp_path_factory,
                                                                      written):
     folder = mt.broadcast_object(str(tmp_path_factory.mktemp("sharded")) if R == 0 else None,
                                  root_rank=0)
     m, opt = train("adam", written, steps=3)
     mt.checkpoint.save(folder, m, opt, step=3)
-    uninterrupted, _ = train("adam", written, steps=2, start=3, m=m, opt=opt)
-    # resumed sharded either way, and resumed unsharded: all continue the same run
-    for sharding in ("optimizer", "gradients", "none"):
+    uninterrupted = train("adam", written, steps=2, start=3, m=m, opt=opt)
+    # resumed sharded each way, and resumed unsharded: all continue the same run
+    for sharding in SHARDED + ["none"]:
         m2 = model()
         opt2 = DistributedOptimizer(INNER["adam"](m2), m2.named_parameters(), sharding=sharding)
         assert mt.checkpoint.load_latest(folder, m2, opt2)["step"] == 3
-        resumed, _ = train("adam", sharding, steps=2, start=3, m=m2, opt=opt2)
+        resumed = train("adam", sharding, steps=2, start=3, m=m2, opt=opt2)
         assert_bitwise(resumed, uninterrupted)
+    # loaded into a sharded run after its first step (its parameters already sharded)
+    m4, opt4 = train("adam", "parameters", steps=1)
+    assert mt.checkpoint.load_latest(folder, m4, opt4)["step"] == 3
+    assert_bitwise(train("adam", "parameters", steps=2, start=3, m=m4, opt=opt4),
+                   uninterrupted)
     # what the file holds is an unsharded Adam's state: a plain optimizer at N = 1 loads it
     m3 = model()
     plain = INNER["adam"](m3)
@@ -152,7 +196,7 @@ def test_what_cannot_be_sharded_is_one_value_error_on_every_rank():
             (dict(sharding="bogus"), "expected one of none, optimizer, gradients, parameters"),
             (dict(sharding="gradients", clip_grad_norm=1.0), None),
             (dict(sharding="gradients", compression=mt.Compression.none), None),
-            (dict(sharding="parameters"), "not available yet"),
+            (dict(sharding="parameters", clip_grad_norm=1.0), None),
             (dict(sharding="optimizer", average="weights"), "has no gradients to shard"),
             (dict(sharding="gradients", compression=mt.Compression.fp16, deterministic=True),
              "compression")]:
@@ -200,16 +244,19 @@ def test_the_zoo_models_shard_to_the_unsharded_bits(name):
             loss_fn(m.forward_through(x), y)
             m.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
             opt.step()
-        return m
+        return m, opt
 
-    sharded = run("gradients")
-    assert_bitwise(sharded, run("none"))
-    # one model (BatchNorm's running statistics are each rank's own, sharded or not)
-    flat = b"".join(p.data.tobytes() for p in sharded.parameters())
-    assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
+    whole = run("none")
+    for sharding in ("gradients", "parameters"):
+        sharded, opt = run(sharding)
+        assert_bitwise((sharded, opt), whole)
+        # one model (BatchNorm's running statistics are each rank's own, sharded or not)
+        with opt.full_parameters():
+            flat = b"".join(p.data.tobytes() for p in sharded.parameters())
+        assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
 
 
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("sharding", SHARDED)
 def test_every_rank_writes_its_piece_and_rank_0_a_manifest(tmp_path_factory, sharding):
     folder = mt.broadcast_object(str(tmp_path_factory.mktemp("pieces")) if R == 0 else None,
                                  root_rank=0)
@@ -252,19 +299,17 @@ def test_a_checkpoint_with_a_missing_or_corrupt_piece_falls_back_to_the_previous
     err = capfd.readouterr().err
     if R == 0:
         assert "is missing" in err and "checksum mismatch" in err, err
-    resumed, _ = train("adam", "gradients", steps=1, start=2, m=m2, opt=opt2)
-    m3, opt3 = train("adam", "gradients", steps=3)
-    assert_bitwise(resumed, m3)
+    resumed = train("adam", "gradients", steps=1, start=2, m=m2, opt=opt2)
+    assert_bitwise(resumed, train("adam", "gradients", steps=3))
 
 
 @pytest.mark.skipif(N & (N - 1) != 0, reason="deterministic mode: a power-of-two N")
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("sharding", SHARDED)
 @pytest.mark.parametrize("kind", sorted(INNER))
 def test_deterministic_sharded_is_the_unsharded_deterministic_bits(sharding, kind):
     sharded, opt = train(kind, sharding, deterministic=True, k=2)
-    whole, _ = train(kind, "none", deterministic=True, k=2)
-    assert_bitwise(sharded, whole)
-    assert_one_model(sharded)
+    assert_bitwise((sharded, opt), train(kind, "none", deterministic=True, k=2))
+    assert_one_model(sharded, opt)
     shares = mt.allgather_object(opt.memory_bytes()["optimizer_state"])
     assert sum(shares) == whole_state_bytes(kind)
 
@@ -275,7 +320,7 @@ def whole_state_bytes(kind):
 
 
 @pytest.mark.skipif(N == 1, reason="a rank to join while the others step")
-@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+@pytest.mark.parametrize("sharding", SHARDED)
 def test_a_joined_rank_is_an_error_on_every_stepping_rank_not_a_hang(sharding):
     """A joined rank cannot take part in the parameters' allgather: the ranks that step get a
     CollectiveError naming the join (the reduce-scatter before it is served), and a join after

@@ -2,7 +2,8 @@
 
 Strategies: gradients (overlapped buckets), gradients fused (``overlap=False``), weights
 (PNNL, every step), deterministic (power-of-two N) and sharded (the optimizer state; the
-gradients too, fused or in overlapped buckets). Each must give, through the same own
+gradients too, fused or in overlapped buckets; the parameters too). Each must give, through
+the same own
 loop: the one-process result on the global batch (k = 1 and 2 passes a step); the OR of the
 ranks' step flags; a wrong pass count raising on every rank, after which the next step works;
 a checkpoint that resumes to the run it interrupted; its refusals as one ValueError on every
@@ -32,12 +33,17 @@ STRATEGIES = {
     "sharded-gradients": dict(sharding="gradients"),
     "sharded-gradients-buckets": dict(sharding="gradients", fusion_threshold_bytes=512),
     "sharded-deterministic": dict(sharding="gradients", deterministic=True),
+    "sharded-parameters": dict(sharding="parameters"),
+    "sharded-parameters-buckets": dict(sharding="parameters", fusion_threshold_bytes=512),
+    "sharded-parameters-deterministic": dict(sharding="parameters", deterministic=True),
 }
 # what the step's agreement carries, per strategy: flags travel where the step exchanges a
 # message (none in weights mode, which agrees nothing per step)
 EXCHANGES = {"gradients": True, "gradients-fused": True, "weights": False,
              "deterministic": True, "sharded-optimizer": True, "sharded-gradients": True,
-             "sharded-gradients-buckets": True, "sharded-deterministic": True}
+             "sharded-gradients-buckets": True, "sharded-deterministic": True,
+             "sharded-parameters": True, "sharded-parameters-buckets": True,
+             "sharded-parameters-deterministic": True}
 
 
 def usable(name):
@@ -100,8 +106,14 @@ def reference(steps, k=1):
     return m.state_dict(copy=True)
 
 
-def assert_one_model(m):
-    flat = b"".join(v.tobytes() for _, v in sorted(m.state_dict().items()))
+def state(m, opt):
+    """The model's state, whole (collective: sharded parameters are gathered for it)."""
+    with opt.full_parameters():
+        return m.state_dict(copy=True)
+
+
+def assert_one_model(m, opt):
+    flat = b"".join(v.tobytes() for _, v in sorted(state(m, opt).items()))
     assert len(set(mt.allgather_object(flat))) == 1, "the replicas differ"
 
 
@@ -111,9 +123,9 @@ def test_n_ranks_equal_one_process_on_the_global_batch(name, k):
     m, opt = train(name, STEPS, k)
     opt.settle()
     want = reference(STEPS, k)
-    for key, value in m.state_dict().items():
+    for key, value in state(m, opt).items():
         np.testing.assert_allclose(value, want[key], rtol=1e-9, atol=1e-12, err_msg=key)
-    assert_one_model(m)
+    assert_one_model(m, opt)
 
 
 @each_strategy
@@ -151,7 +163,7 @@ def test_a_wrong_pass_count_raises_on_every_rank_and_the_next_step_works(name):
         one_pass(m, loss_fn, x[mine], y[mine], 0.5, opt.backward_hook)
     opt.step()
     opt.settle()
-    assert_one_model(m)
+    assert_one_model(m, opt)
 
 
 @each_strategy
@@ -169,14 +181,14 @@ def test_a_checkpoint_resumes_the_run_it_interrupted(name, tmp_path_factory):
     resumed_opt.settle()
     if STRATEGIES[name].get("average") == "weights" and N > 1:
         # the moments stay per rank; a checkpoint holds their mean (every rank resumes from it)
-        got, want = resumed.state_dict(), whole.state_dict()
+        got, want = state(resumed, resumed_opt), state(whole, whole_opt)
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-9, atol=1e-12)
     else:
-        got, want = resumed.state_dict(), whole.state_dict()
+        got, want = state(resumed, resumed_opt), state(whole, whole_opt)
         for key in want:
             assert got[key].tobytes() == want[key].tobytes(), key
-    assert_one_model(resumed)
+    assert_one_model(resumed, resumed_opt)
 
 
 def test_each_refusal_is_one_value_error_on_every_rank_at_construction():
@@ -187,7 +199,7 @@ def test_each_refusal_is_one_value_error_on_every_rank_at_construction():
         (dict(deterministic=True, average="weights"), "average='weights' is not supported"),
         (dict(deterministic=True, backward_passes_per_step=3), "a power of two, got 3"),
         (dict(sharding="gradients", average="weights"), "has no gradients to shard"),
-        (dict(sharding="parameters"), "not available yet"),
+        (dict(sharding="parameters", average="weights"), "has no gradients to shard"),
     ]
     if not is_power_of_two(N):
         refusals.append((dict(deterministic=True), "power-of-two number of ranks"))
