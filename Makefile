@@ -76,7 +76,7 @@ test-gpu: venv
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(PYTEST) -m gpu tests/gpu
 	$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -m gpu tests/gpu
 
-# Everything the GPU needs in one command (tools/gpu_check.py; README "GPU check"): one JSON
+# Everything the GPU needs in one command (tools/gpu_check.py; docs/gpu.md, "GPU check"): one JSON
 # report and a log in out/gpu-check. No venv target: a GPU machine may be offline with the GPU
 # stack in its python3, so this runs the venv's python if there is one, else $(PYTHON), on
 # the source tree. Without a GPU: one line, at once. QUICK=1: about 3 minutes; ARGS: more flags.

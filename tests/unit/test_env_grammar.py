@@ -174,12 +174,11 @@ def test_check_false_turns_the_check_off_and_cuda_aware_true_forces_it():
         assert out.stdout.split() == expect.split(), (check, cuda_aware, out.stdout)
 
 
-def test_the_readme_lists_each_variable_once():
-    """One row per variable; the flags' own variables share the row MPITRAIN_<FLAG>, except
-    those that mt.init() and mpitrain.data read too."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("\n## Environment variables"):]
-    rows = [line.split(" | ")[0] for line in section[:section.index("\n## ", 1)].splitlines()
+def test_the_environment_page_lists_each_variable_once():
+    """docs/environment.md: one row per variable; the flags' own variables share the row
+    MPITRAIN_<FLAG>, except those that mt.init() and mpitrain.data read too."""
+    page = (REPO / "docs" / "environment.md").read_text()
+    rows = [line.split(" | ")[0] for line in page.splitlines()
             if line.startswith("| `MPITRAIN_")]
     listed = re.findall(r"`(MPITRAIN_[A-Z_<>]+)`", "\n".join(rows))
     flags_only = {*CONFIG, *OFF} - {"MPITRAIN_THREADS", "MPITRAIN_DATA_DIR"}

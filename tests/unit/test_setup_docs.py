@@ -1,5 +1,6 @@
-"""The first five minutes: `make run` installs what running needs, and the README says how to
-use the venv, which launcher its mpi4py talks to, and how to switch to a system MPI."""
+"""The first five minutes: `make run` installs what running needs, the README gives the two
+set-up commands, and the set-up page (docs/install.md) says how to use the venv, which launcher
+its mpi4py talks to, and how to switch to a system MPI."""
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+SETUP = (REPO / "docs" / "install.md").read_text()
 
 
 def _dry_run(target):
@@ -24,8 +26,14 @@ def test_make_run_installs_only_what_running_needs():
     assert "-e '.[test]'" in test
 
 
-def test_the_readme_says_how_to_use_the_venv_and_the_mpi_it_talks_to():
-    setup = README[README.index("## Set up"):README.index("## Collectives")]
+def test_the_readme_gives_the_two_set_up_commands():
+    setup = README[README.index("## Set up"):README.index("## Quick start")]
+    assert "make run" in setup and "make test" in setup
+    assert "](docs/install.md)" in setup
+
+
+def test_the_set_up_page_says_how_to_use_the_venv_and_the_mpi_it_talks_to():
+    setup = SETUP
     assert "source .venv/bin/activate" in setup
     assert ".venv/bin/mpiexec" in setup
     assert "PMIx" in setup and "pip install --no-binary mpi4py mpi4py" in setup

@@ -1,4 +1,4 @@
-"""setup.py's extras: CuPy for CUDA 12 and 13, under names the README gives."""
+"""setup.py's extras: CuPy for CUDA 12 and 13, under names the set-up and GPU pages give."""
 import ast
 from pathlib import Path
 
@@ -20,8 +20,9 @@ def test_cuda_extras_install_cupy_for_cuda_12_and_13():
     assert got["cuda"] == got["cuda12"]                 # the older name still installs CUDA 12
 
 
-def test_the_readme_names_the_cuda_extras():
-    readme = (REPO / "README.md").read_text()
-    for name in ("cuda12", "cuda13"):
-        assert f"'.[{name}]'" in readme or f"`.[{name}]`" in readme
-        assert name in extras()
+def test_the_set_up_and_gpu_pages_name_the_cuda_extras():
+    for page in ("install.md", "gpu.md"):
+        text = (REPO / "docs" / page).read_text()
+        for name in ("cuda12", "cuda13"):
+            assert f"'.[{name}]'" in text or f"`.[{name}]`" in text, (page, name)
+            assert name in extras()
