@@ -5,20 +5,25 @@
         --n-layer 8 --n-head 8 --n-embd 512 --block-size 256 [--only SHARDING]
 
 The zoo's GPT with AdamW under ``DistributedOptimizer(..., sharding=S)`` for S in "none",
-"optimizer" (ZeRO stage 1: the optimizer state split) and "gradients" (stage 2: the gradient
-buckets reduce-scattered, the optimizer state and the gradients split), one replica of the
-model per sharding in the same job.
+"optimizer" (ZeRO stage 1: the optimizer state split), "gradients" (stage 2: the gradient
+buckets reduce-scattered, the optimizer state and the gradients split) and "parameters" (stage
+3: the parameters split too, each layer's gathered for its forward and its backward), one
+replica of the model per sharding in the same job.
 
 Memory: ``DistributedOptimizer.memory_bytes()`` per rank (the largest over the ranks) after one
 step -- "gradients" releases the whole gradients at the step and keeps its 1/N shard; during
-backward a step's gradients still exist whole until their bucket is reduce-scattered -- and
+backward a step's gradients still exist whole until their bucket is reduce-scattered;
+"parameters" keeps its share of the parameters from the end of the first step on, and during a
+step holds whole only the layers being computed and prefetched -- and
 each column's share of the unsharded one against 1/N. Peak RSS: ``ru_maxrss`` of each rank's
-process at the end (and before the replicas were built), the largest over the ranks; with all
+process at the end (and before the replicas were built), the largest over the ranks, and the
+resident set at the end (the first step of "parameters" runs on whole parameters, so its
+saving shows after it, not in the peak); with all
 shardings in one process it counts every replica, so ``--only S`` builds just one and a run
 per sharding gives each its own peak.
 
 Time: one rank's training step (forward, backward with the overlapped average, AdamW, for the
-sharded runs the parameters' allgather), the replicas alternating step by step in the same job
+sharded runs the parameters' allgathers), the replicas alternating step by step in the same job
 (the order rotated every step; a load change hits all alike); the median of the slowest rank's
 step, and its ratio to "none". The final parameters of every replica are compared bit for bit
 with the unsharded one's: the same bits are expected with the ring allreduce (the benchmark
@@ -40,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchutil  # noqa: E402
 
-SHARDINGS = ("none", "optimizer", "gradients")
+SHARDINGS = ("none", "optimizer", "gradients", "parameters")
 COLUMNS = ("parameters", "gradients", "optimizer_state")
 
 
@@ -76,6 +81,12 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_bytes():
+    """This process's resident set now (/proc/self/statm: pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("MPITRAIN_ALLREDUCE", "ring")     # read by mt.init
@@ -96,7 +107,7 @@ def main(argv=None):
         return model, mt.DistributedOptimizer(inner, model.named_parameters(), sharding=sharding)
 
     runs = {s: replica(s) for s in shardings}
-    elements = sum(p.data.size for p in next(iter(runs.values()))[0].parameters())
+    elements = sum(p.size for p in next(iter(runs.values()))[0].parameters())
     report = {"ranks": n, "parameters": int(elements), "model": vars(args),
               "allreduce": os.environ["MPITRAIN_ALLREDUCE"], "shardings": list(shardings)}
     say(f"GPT {args.n_layer} layers, {args.n_head} heads, {args.n_embd} wide, block "
@@ -151,7 +162,8 @@ def main(argv=None):
         for s in shardings:
             if s == "none":
                 continue
-            mine = runs[s][0].state_dict()
+            with runs[s][1].full_parameters():      # collective: sharded parameters
+                mine = runs[s][0].state_dict(copy=True)
             local = all(mine[k].tobytes() == base[k].tobytes() for k in base)
             same[s] = all(mt.allgather_object(local))
         report["same_bits"] = same
@@ -159,9 +171,12 @@ def main(argv=None):
             f"{s} {'the same bits' if v else 'DIFFERENT'}" for s, v in same.items()))
 
     rss = mt.allgather_object(peak_rss_bytes())
+    now = max(mt.allgather_object(rss_bytes()))
     report["peak_rss_bytes"] = {"max": max(rss), "per_rank": rss, "before_replicas": rss_before}
+    report["rss_bytes_at_end"] = now
     say(f"peak RSS per rank ({', '.join(shardings)} built): {max(rss) / 2**20:.0f} MiB "
-        f"(before the replicas: {rss_before / 2**20:.0f} MiB)")
+        f"(before the replicas: {rss_before / 2**20:.0f} MiB; at the end, after "
+        f"{steps_done} steps: {now / 2**20:.0f} MiB)")
     if first_step:      # in step order: with several replicas each includes those before it
         worst = {s: [max(v) for v in zip(*mt.allgather_object(first_step[s]))]
                  for s in shardings}

@@ -17,7 +17,8 @@ from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi
                                       nccl_built)
 from mpitrain.comm.check import INLINE_BYTES, CollectiveError, format_groups, group
 from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
-                                       allgather_async, allgather_object, allreduce, allreduce_,
+                                       allgather_async, allgather_object, allgather_shares,
+                                       allgather_shares_async, allreduce, allreduce_,
                                        allreduce_async, allreduce_async_, alltoall,
                                        alltoall_async, barrier, broadcast, broadcast_,
                                        broadcast_async, broadcast_async_, broadcast_object,
@@ -45,6 +46,7 @@ from mpitrain.comm.world import (comm, cross_rank, cross_size, init, is_initiali
 
 
 __all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgather_object",
+           "allgather_shares", "allgather_shares_async",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allreduce_flat",
            "alltoall", "alltoall_async", "Average", "barrier", "broadcast", "broadcast_",
            "broadcast_async", "broadcast_async_", "broadcast_object", "bucket_allreduce",
@@ -130,16 +132,19 @@ def bucket_plan(layout, wire_dtypes, threshold_bytes, arrival=True):
 
 
 def bucket_reduce_scatter(process_set, layout, threshold_bytes, op, prescale, postscale, name,
-                          wire_dtypes=None, arrival=True, who="DistributedOptimizer"):
+                          wire_dtypes=None, arrival=True, who="DistributedOptimizer",
+                          agree_each=False):
     """``bucket_allreduce``'s buckets, each reduce-scattered on the ring instead (sharded
     gradients): after ``finish_flat`` rank r's chunk ``owned_chunk(r, size)`` of each bucket
     (bounds ``chunk_bounds(bucket.total, size)``) holds the bits the ring allreduce would give
     it. ``arrival``: buckets in arrival order, overlapping backward (bucket_allreduce's plan);
-    False: the fusion buffer's plan (a grouped allreduce's), run inline at ``finish_flat``."""
+    False: the fusion buffer's plan (a grouped allreduce's), run inline at ``finish_flat``.
+    ``agree_each``: an agreement before every bucket (other collectives run between them)."""
     state = world_of(process_set, who)
     return BucketAllreduce(
         layout, threshold_bytes,
         lambda flat: reduce_scatter_flat(state, flat, op, prescale, postscale),
         {"name": name, "op": op.value, "prescale_factor": prescale, "postscale_factor": postscale,
          "scatter": True, "arrival": bool(arrival)},
-        wire_dtypes=wire_dtypes, state=state, overlap=arrival, arrival=arrival)
+        wire_dtypes=wire_dtypes, state=state, overlap=arrival, arrival=arrival,
+        agree_each=agree_each)

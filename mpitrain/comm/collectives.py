@@ -115,6 +115,12 @@ def allgather(x, name=None, process_set=GLOBAL):
     return _run(_impl(x).allgather, Kind.ALLGATHER, process_set, x, name)
 
 
+def allgather_shares(x, name=None, process_set=GLOBAL):
+    """``allgather`` of host arrays that are a sharded optimizer's shares of its parameters: a
+    rank that has joined with that optimizer (``join(optimizers=...)``) sends its own share."""
+    return _run(host.allgather_shares, Kind.ALLGATHER_SHARES, process_set, x, name)
+
+
 def broadcast(x, root_rank, name=None, process_set=GLOBAL):
     """Return a new array holding root_rank's ``x`` on every rank (root_rank: a global rank)."""
     return _run(_impl(x).broadcast, Kind.BROADCAST, process_set, x, root_rank, name)
@@ -194,6 +200,11 @@ def allgather_async(x, name=None, process_set=GLOBAL):
     return _submit(_impl(x), Kind.ALLGATHER, process_set, name, x, name)
 
 
+def allgather_shares_async(x, name=None, process_set=GLOBAL):
+    """Non-blocking ``allgather_shares``: a handle; ``synchronize(handle)`` returns its result."""
+    return _submit(host, Kind.ALLGATHER_SHARES, process_set, name, x, name)
+
+
 def broadcast_async(x, root_rank, name=None, process_set=GLOBAL):
     """Non-blocking ``broadcast``: a handle; ``synchronize(handle)`` returns its result."""
     return _submit(_impl(x), Kind.BROADCAST, process_set, name, x, root_rank, name)
@@ -218,7 +229,7 @@ def alltoall_async(x, splits=None, name=None, process_set=GLOBAL):
 
 __all__ = ["ReduceOp", "Sum", "Average", "Min", "Max", "Product", "DTYPES", "CollectiveError",
            "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather",
-           "broadcast", "broadcast_", "reducescatter", "alltoall", "barrier",
+           "allgather_shares", "allgather_shares_async", "broadcast", "broadcast_", "reducescatter", "alltoall", "barrier",
            "broadcast_object", "allgather_object", "fusion_threshold",
            "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",

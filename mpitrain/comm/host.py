@@ -270,12 +270,12 @@ def _blocks(a, rows):
     return nbytes, np.concatenate(([0], np.cumsum(nbytes)[:-1]))
 
 
-def allgather(state, x, name=None):
+def allgather(state, x, name=None, kind=Kind.ALLGATHER):
     comm = state.comm
-    a, err = as_array(x, Kind.ALLGATHER, min_ndim=1)
+    a, err = as_array(x, kind, min_ndim=1)
     fields = {"name": name, "shape[1:]": None if a is None else a.shape[1:],
               "dtype": None if a is None else a.dtype.str}
-    state.agreement(Kind.ALLGATHER, fields, err)
+    state.agreement(kind, fields, err)
     rows = np.array([a.shape[0]], np.int64)
     counts = np.empty(comm.Get_size(), np.int64)
     with watched(state.record, "allgather data", name):
@@ -284,6 +284,11 @@ def allgather(state, x, name=None):
         comm.Allgatherv([_bytes(a), MPI.BYTE],
                         [out.reshape(-1).view(np.uint8), _blocks(a, counts), MPI.BYTE])
     return out
+
+
+def allgather_shares(state, x, name=None):
+    """``allgather`` of a sharded optimizer's shares, which a joined rank serves (kinds.py)."""
+    return allgather(state, x, name, Kind.ALLGATHER_SHARES)
 
 
 def broadcast(state, x, root_rank, name=None):

@@ -14,7 +14,8 @@ so they always take the same decision from the same description.
 
 Served, as in Horovod: reductions of host arrays (allreduce, grouped, reducescatter, the gradient
 buckets and step check of DistributedOptimizer) with the op's identity (zeros for Sum and
-Average, +inf / the largest integer for Min, ...), and the barrier.
+Average, +inf / the largest integer for Min, ...), and the barrier. Also a sharded optimizer's
+allgather of its shares, where the joined rank holds a share of its own (join.py's hooks).
 
 Refused (a CollectiveError -- a RuntimeError -- on every active rank; the joined ranks go on
 waiting): what has no neutral contribution. Horovod refuses allgather, alltoall and broadcast
@@ -70,6 +71,9 @@ class Kind(_StrEnum):
     # bfloat16 and bool), checked before the collective that moves them
     DTYPES = "dtype check (bfloat16 or bool)", Joined.AGREE
     ALLGATHER = "allgather", Joined.REFUSE
+    # a sharded optimizer's shares of its parameters (its step's allgather, a layer's
+    # parameters): a joined rank given that optimizer (mt.join(optimizers=...)) sends its own
+    ALLGATHER_SHARES = "allgather_shares", Joined.REPLAY
     BROADCAST = "broadcast", Joined.REFUSE
     BROADCAST_ = "broadcast_", Joined.REFUSE
     ALLTOALL = "alltoall", Joined.REFUSE

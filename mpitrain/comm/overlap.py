@@ -16,7 +16,10 @@ Rules that keep N processes consistent (and reruns bitwise identical):
   (the World's agreement, check.py: a mismatch is a CollectiveError on every rank), and identical
   on every rank. Each step's first bucket is preceded by one prepared agreement of the same
   description ("allreduce buckets"): the exchange through which a rank that has run out of data
-  (join.py) learns that a step is being reduced, and takes part in it with zeros.
+  (join.py) learns that a step is being reduced, and takes part in it with zeros. With
+  ``agree_each`` every bucket is preceded by its own ("allreduce bucket", its index) instead:
+  where other collectives run between a step's buckets (sharded parameters gather layers while
+  backward goes on), a joined rank must learn each bucket where it comes.
 - Buckets are submitted strictly in plan order, whatever order the arrays are reported in, and
   one thread runs them in submission order: every rank issues the same allreduces in the same
   order, so MPI's matching and the ring's tags stay consistent.
@@ -54,10 +57,12 @@ class BucketAllreduce:
     state: the World (world.py) of the ranks that reduce: its agreement checks the plan, its
     watchdog Record marks each bucket (the global set's or a process set's; None: the global
     set's).
+    agree_each: one agreement before every bucket rather than one per step (see above).
     """
 
     def __init__(self, specs, threshold_bytes, reduce_flat, describe, wire_dtypes=None,
-                 overlap=True, state=None, arrival=True):
+                 overlap=True, state=None, arrival=True, agree_each=False):
+        self.agree_each = agree_each
         self.state = state
         self.specs = [(tuple(s), np.dtype(d)) for s, d in specs]
         wire = wire_dtypes or [d for _, d in self.specs]
@@ -68,7 +73,7 @@ class BucketAllreduce:
         self.overlap = overlap and comm_thread_available()
         self.arrival = arrival      # plan in arrival order (else the fusion buffer's: plan())
         self.buckets = None
-        self._step_check = None
+        self._checks = []
         self._bucket_of = []
         self._reset_step()
 
@@ -103,9 +108,14 @@ class BucketAllreduce:
         handles.ordered(agreement, Kind.GROUPED_ALLREDUCE, fields)
         # and once per step, before the first bucket: the collective a rank that has joined
         # (join.py) learns the step from -- one small exchange, prepared once
-        self._step_check = (check.Prepared(agreement, Kind.ALLREDUCE_BUCKETS, fields)
-                            if agreement.usable else None)
         self.buckets = self._plan()
+        self._checks = [None] * len(self.buckets)
+        if agreement.usable and self.agree_each:
+            self._checks = [check.Prepared(agreement, Kind.ALLREDUCE_BUCKET,
+                                           dict(fields, index=b.index, agree_each=True))
+                            for b in self.buckets]
+        elif agreement.usable:
+            self._checks[0] = check.Prepared(agreement, Kind.ALLREDUCE_BUCKETS, fields)
         self._bucket_of = [0] * len(self.specs)
         for b in self.buckets:
             for i, _, _ in b.entries:
@@ -215,8 +225,8 @@ class BucketAllreduce:
             raise
 
     def _reduce(self, flat, index, nbytes, tid):
-        if index == 0 and self._step_check is not None:
-            self._step_check()
+        if self._checks[index] is not None:
+            self._checks[index]()
         with watched(self.state, index), current_timeline().span(
                 "allreduce", cat="comm", tid=tid, bucket=index, bytes=nbytes,
                 process_set=self.state.set_id):

@@ -142,8 +142,7 @@ class GradientAveraging(Strategy):
         if several:
             # behind whatever is in flight (another optimizer's buckets)
             agreed, any_used = self.agree(
-                "DistributedOptimizer.step",
-                {"backward_passes_per_step": opt.backward_passes_per_step}, error,
+                "DistributedOptimizer.step", self.step_fields(), error,
                 ordered=True, flags=flags, digest=digest, used=used)
             if any_used is not None:        # no rank used these: no gradient, as at N = 1
                 for p, u in zip(opt.params, any_used):

@@ -15,6 +15,7 @@ from mpitrain.parallel.deterministic import DeterministicGradients, check_argume
 from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
                                          is_compressor)
 from mpitrain.parallel import parameter_sharding, sharded
+from mpitrain.parallel.sharded_join import ShareServer
 from mpitrain.parallel.weights import WeightAveraging, average_weights
 
 AVERAGE_MODES = ("gradients", "weights")
@@ -197,6 +198,14 @@ class DistributedOptimizer:
     def memory_bytes(self):
         """The bytes this rank holds: {"parameters", "gradients", "optimizer_state"}."""
         return self.strategy.memory_bytes()
+
+    def join_hook(self):
+        """What a rank that joins (``mt.join(optimizers=[opt])``) does for this optimizer's
+        steps: None, or (sharded: its share is its own) a hook that receives its chunk of each
+        averaged gradient, steps its share and sends it (parallel/sharded_join.py)."""
+        if isinstance(self.strategy, sharded.ShardedStep) and self.strategy.size > 1:
+            return ShareServer(self.strategy)
+        return None
 
     def full_parameters(self):
         """``with opt.full_parameters():`` -- collective: every parameter's ``.data`` whole

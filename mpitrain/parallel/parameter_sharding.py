@@ -33,6 +33,14 @@ from mpitrain.parallel.sharded import DeterministicSharding, GradientSharding
 from mpitrain.timeline import current as current_timeline
 
 PHASES = ("forward", "backward")
+GATHER = "DistributedOptimizer.parameters."      # + the group's parameter indices
+
+
+def group_of(name):
+    """The group of parameter indices a layer's gather named ``name`` carries, or None."""
+    if not (isinstance(name, str) and name.startswith(GATHER)):
+        return None
+    return tuple(int(i) for i in name[len(GATHER):].split("."))
 
 
 class Gate:
@@ -132,12 +140,16 @@ class Gate:
             self.members[key] = members
         return members
 
-    def _start(self, key):
+    def mine(self, key):
+        """This rank's pieces of the group ``key``, concatenated: what it sends."""
         s = self.strategy
-        mine = s.mine([s.pieces[j].data for j in self._members(key)[s.rank]])
+        return s.mine([s.pieces[j].data for j in self._members(key)[s.rank]])
+
+    def _start(self, key):
         self.gathers += 1
-        return comm.allgather_async(mine, name=f"DistributedOptimizer.parameters.{key[0]}",
-                                    process_set=s.opt.process_set)
+        return comm.allgather_shares_async(
+            self.mine(key), name=GATHER + ".".join(map(str, key)),
+            process_set=self.strategy.opt.process_set)
 
     def _finish(self, key, handle):
         s = self.strategy
@@ -186,6 +198,10 @@ class ShardedParameters:
         if self.gate is None or self.gate.active:
             return
         super().gather_parameters()
+        self.keep_share()
+
+    def keep_share(self):
+        """From now on: this rank's share in ``store``, every ``.data`` released."""
         mine = self.mine([piece.data for piece in self.pieces])
         self.store = mine if mine.base is None else mine.copy()
         pos = 0
@@ -233,6 +249,8 @@ class ShardedParameters:
 class ParameterSharding(ShardedParameters, GradientSharding):
     """``sharding="parameters"``: the gradients reduce-scattered as in stage 2, each rank's
     share of the parameters kept, the layers' parameters gathered as they run."""
+
+    gathers_in_backward = True
 
 
 class DeterministicParameterSharding(ShardedParameters, DeterministicSharding):

@@ -232,6 +232,11 @@ class ShardedStep:
     def settle(self):
         """Every step ends with the whole model on every rank: nothing to do."""
 
+    def step_fields(self):
+        """The learning rate too: a rank that has joined steps its share with it
+        (sharded_join.py), and the ranks' must agree anyway."""
+        return {**super().step_fields(), "lr": float(self.opt.lr)}
+
     def mine(self, arrays):
         """This rank's pieces of ``arrays`` (one per piece), concatenated."""
         if not arrays:
@@ -244,25 +249,58 @@ class ShardedStep:
         if self.size == 1:
             return
         start = time.perf_counter()
-        if self.rounds is None:     # at most a bucket's bytes in flight (a larger parameter)
-            self.rounds = self.layout.rounds(max(1, opt.fusion_threshold_bytes
-                                                 // self.dtype.itemsize))
-        targets = [p.data.reshape(-1) for p in opt.params]
-        ranks = self.layout.ranks
         with current_timeline().span("allgather parameters", cat="comm"):
             # round by round, straight into the parameters
-            for members in self.rounds:
-                every = comm.allgather(
-                    self.mine([self.pieces[j].data for j in members[self.rank]]),
-                    name="DistributedOptimizer.sharded", process_set=opt.process_set)
-                pos = 0
-                for r, indices in enumerate(members):
-                    for j in indices:
-                        i, a, b = ranks[r][j]
-                        if r != self.rank:
-                            targets[i][a:b] = every[pos:pos + b - a]
-                        pos += b - a
+            for index in range(len(self.share_rounds())):
+                self.place_round(index, comm.allgather_shares(
+                    self.round_share(index), name="DistributedOptimizer.sharded",
+                    process_set=opt.process_set))
         opt.comm_time_s += time.perf_counter() - start
+
+    def share_rounds(self):
+        """The parameters in rounds of at most a bucket's bytes (a larger one alone), each
+        with per rank its pieces' indices (Layout.rounds)."""
+        if self.rounds is None:
+            self.rounds = self.layout.rounds(max(1, self.opt.fusion_threshold_bytes
+                                                 // self.dtype.itemsize))
+        return self.rounds
+
+    def round_share(self, index):
+        """This rank's pieces of round ``index``, concatenated: what it sends."""
+        members = self.share_rounds()[index]
+        return self.mine([self.pieces[j].data for j in members[self.rank]])
+
+    def place_round(self, index, every):
+        """Round ``index``'s allgathered pieces (``every``) into the other ranks' parts of
+        the parameters' ``.data``."""
+        ranks, pos = self.layout.ranks, 0
+        targets = [p.data.reshape(-1) for p in self.opt.params]
+        for r, indices in enumerate(self.share_rounds()[index]):
+            for j in indices:
+                i, a, b = ranks[r][j]
+                if r != self.rank:
+                    targets[i][a:b] = every[pos:pos + b - a]
+                pos += b - a
+
+    # -- a rank that has joined (sharded_join.py) ---------------------------------------------
+    def receive_average(self, kind, fields, results):
+        """The averaged gradients of a step served while joined: every gradient (``results``
+        of the buckets' plan, or of the fused allreduce in parameter order) into ``.grad``."""
+        params = self.opt.params
+        if kind == "allreduce buckets":         # comm's Kind, by its value
+            buckets = comm.bucket_plan(fields["arrays"], fields["wire"],
+                                       fields["threshold_bytes"], fields.get("arrival", True))
+            order = list(reversed(params)) if fields.get("arrival", True) else list(params)
+            for bucket, flat in zip(buckets, results):
+                for i, off, n in bucket.entries:
+                    _into(order[i].grad, flat[off:off + n])
+        else:
+            for p, array in zip(params, results):
+                _into(p.grad, array)
+
+    def clip_joined(self):
+        """Before a joined rank steps its share: clip as the active ranks did."""
+        self.clip()
 
     # -- checkpoints: the unsharded state ---------------------------------------------------
     def checkpoint_state(self):
@@ -359,6 +397,10 @@ class GradientSharding(OptimizerSharding):
     its chunk of each in its gradient shard, steps the parameters' elements of those chunks,
     and the updated chunks are allgathered."""
 
+    # other collectives run between the buckets (sharded parameters' gathers): each bucket is
+    # agreed alone, so that a rank that has joined learns it where it comes
+    gathers_in_backward = False
+
     def __init__(self, opt):
         ps = opt.process_set
         size = ps.size() if ps.included() else 1
@@ -373,7 +415,8 @@ class GradientSharding(OptimizerSharding):
             f = opt.gradient_predivide_factor
             self.scatter = comm.bucket_reduce_scatter(
                 ps, specs, opt.fusion_threshold_bytes, opt.op, 1.0 / f, f,
-                "DistributedOptimizer.gradients", wire_dtypes=self.wire, arrival=self.arrival)
+                "DistributedOptimizer.gradients", wire_dtypes=self.wire, arrival=self.arrival,
+                agree_each=self.gathers_in_backward)
             n = len(params)
             param_of = [n - 1 - i for i in range(n)] if self.arrival else list(range(n))
             buckets = comm.bucket_plan(specs, self.wire, opt.fusion_threshold_bytes,
@@ -425,12 +468,8 @@ class GradientSharding(OptimizerSharding):
         opt = self.opt
         order = list(reversed(opt.params)) if self.arrival else list(opt.params)
         flats = self.scatter.finish_flat([p.grad for p in order])
-        kernels = opt.params[0].kernels
         for (_, flat), (lo, hi), shard in zip(flats, self.chunks, self.shard):
-            if flat.dtype == shard.dtype:
-                np.copyto(shard, flat[lo:hi])
-            elif hi > lo:
-                kernels.cast(shard, np.ascontiguousarray(flat[lo:hi]))
+            _into(shard, flat[lo:hi])
         self.scatter.release()
         for p in opt.params:
             p.release_grad()
@@ -443,16 +482,38 @@ class GradientSharding(OptimizerSharding):
         if max_norm is None or self.scatter is None:
             super().clip()
             return
+        self.clip_from(comm.allreduce(self.clip_partial(), op=comm.Sum,
+                                      name="DistributedOptimizer.clip",
+                                      process_set=opt.process_set))
+
+    def clip_partial(self):
+        """This rank's exact sum of squares of its chunks, with its inf and NaN counts."""
         mine = SquareSum()
         for shard in self.shard:
             mine.add_array(shard)
         counts = np.array([mine.flag == 1, mine.flag == 2], np.int64)     # inf, NaN
-        every = comm.allreduce(np.concatenate([mine.bins, counts]), op=comm.Sum,
-                               name="DistributedOptimizer.clip", process_set=opt.process_set)
+        return np.concatenate([mine.bins, counts])
+
+    def clip_from(self, every):
+        """The global norm from the ranks' summed ``clip_partial``; the chunks scaled to it."""
+        opt = self.opt
         total = SquareSum().add(every[:-2], 2 if every[-1] else 1 if every[-2] else 0)
         opt.grad_norm = math.sqrt(total.value())
         kernels = opt.params[0].kernels
-        scale_to([(kernels, shard) for shard in self.shard], opt.grad_norm, max_norm)
+        scale_to([(kernels, shard) for shard in self.shard], opt.grad_norm, opt.clip_grad_norm)
+
+    def receive_average(self, kind, fields, results):
+        """The reduce-scattered buckets of a step served while joined: this rank's chunks
+        (of one bucket where each is agreed alone: ``fields["index"]``)."""
+        if fields.get("agree_each"):
+            lo, hi = self.chunks[fields["index"]]
+            _into(self.shard[fields["index"]], results[lo:hi])
+            return
+        for flat, (lo, hi), shard in zip(results, self.chunks, self.shard):
+            _into(shard, flat[lo:hi])
+
+    def clip_joined(self):
+        """Clipped already: the norm's allreduce was served with this rank's part."""
 
     def zero_grad(self):
         super().zero_grad()
@@ -469,3 +530,12 @@ class GradientSharding(OptimizerSharding):
                                  + sum(int(b.flat.nbytes) for b in self.scatter.buckets or ()
                                        if b.flat is not None))
         return held
+
+
+def _into(target, values):
+    """``values`` (a host array, maybe of the wire dtype) into ``target``, cast, reshaped."""
+    values = np.asarray(values).reshape(target.shape)
+    if values.dtype == target.dtype:
+        np.copyto(target, values)
+    elif values.size:
+        np.copyto(target, values, casting="unsafe")

@@ -107,6 +107,10 @@ class Strategy:
         """None: a checkpoint holds ``checkpoint_state()`` (sharded.py: each rank's piece)."""
         return None
 
+    def step_fields(self):
+        """What every rank's step agrees on, beside the step's report (gradients.py)."""
+        return {"backward_passes_per_step": self.opt.backward_passes_per_step}
+
     def memory_bytes(self):
         """The bytes this rank holds for the parameters, their gradients (one of each
         parameter's size) and the inner optimizer's state (host or device arrays alike)."""

@@ -306,10 +306,6 @@ class Config:
                            self.clip_grad_norm)
         except ValueError as exc:
             raise UsageError(f"--sharding {self.sharding}: {exc}") from None
-        if self.sharding != "none" and self.uneven:
-            raise UsageError(f"--sharding {self.sharding} with --uneven is not available yet: "
-                             f"a rank out of samples joins (mt.join), and a joined rank "
-                             f"cannot take part in the parameters' allgather")
         if self.sharding != "none" and self.device != "cpu":
             raise UsageError(f"--sharding {self.sharding}: device parameters are not sharded "
                              f"yet (--device cpu)")

@@ -8,7 +8,9 @@ here, so ``Trainer.train_step`` runs any step the same way and names none of the
                   each rank's gradient is weighted by ranks x share / T (the average over ranks
                   is then the mean over the T samples), a rank with no share makes no pass, and
                   afterwards every rank waits in ``mt.join`` and takes the model and optimizer
-                  state of the rank join returns, so the replicas are one model again
+                  state of the rank join returns, so the replicas are one model again (sharded:
+                  a rank in join steps its share, so every rank holds the model already; only
+                  the BatchNorm statistics come from that rank)
     micro-shards  --deterministic (MicroShardPlan): rank r takes the contiguous slice of M/N
                   micro-shards, one pass each with the loss gradient x 1/M; dropout is keyed by
                   micro-shard, BatchNorm running statistics are replayed in micro-shard order and
@@ -122,7 +124,10 @@ class StepPlan:
         the state of the rank that joined last -- one that stepped."""
         if step.joins:
             with current_timeline().span("join"):
-                last = comm.join()
+                last = comm.join(optimizers=[optimizer])
+                if optimizer.sharding != "none":    # one model already: its share stepped
+                    broadcast_parameters(dict(model.named_buffers()), root_rank=last)
+                    return
                 broadcast_parameters(model.state_dict(), root_rank=last)
                 broadcast_optimizer_state(optimizer, root_rank=last)
 

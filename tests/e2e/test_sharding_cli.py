@@ -54,7 +54,6 @@ def test_a_sharded_checkpoint_resumes_unsharded_and_on_another_n(tmp_path, shard
 
 @pytest.mark.parametrize("flags,message", [
     (["--sharding", "gradients", "--average", "weights"], "has no gradients to shard"),
-    (["--sharding", "optimizer", "--uneven"], "with --uneven is not available yet"),
     (["--sharding", "parameters", "--average", "weights"], "has no gradients to shard"),
 ])
 def test_what_cannot_be_sharded_is_one_line_and_exit_2(tmp_path, flags, message):
@@ -86,8 +85,8 @@ def test_the_launcher_restarts_a_killed_sharded_job_to_the_same_bits(tmp_path):
 
 def test_deterministic_sharded_checkpoint_resumes_on_any_n_to_the_same_bytes(tmp_path):
     """--deterministic --sharding gradients at N = 4, checkpointed at step 6; resumed at N = 2
-    sharded and at N = 1 unsharded, each ends on the bytes of the uninterrupted run (whose
-    bytes are those of an unsharded one-rank run too)."""
+    with sharded parameters and at N = 1 unsharded, each ends on the bytes of the uninterrupted
+    run (whose bytes are those of an unsharded one-rank run too)."""
     flags = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
              "--no-progress", "--seed", "3", "--optimizer", "adam", "--lr", "0.01",
              "--deterministic", "--global-batch-size", "16", "--steps", "12"]
@@ -97,7 +96,7 @@ def test_deterministic_sharded_checkpoint_resumes_on_any_n_to_the_same_bytes(tmp
     pieces = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert "ckpt-00000006.shard-00003-of-00004.npz" in pieces, pieces
     (tmp_path / "ck" / "ckpt-00000012.npz").unlink()
-    p = run_mpitrain(2, [*flags, "--sharding", "gradients", *ck, "--resume", "--save",
+    p = run_mpitrain(2, [*flags, "--sharding", "parameters", *ck, "--resume", "--save",
                          "two.npz"], tmp_path, timeout_s=150)
     assert "at step 6" in p.stdout, p.stdout[-2000:]
     (tmp_path / "ck" / "ckpt-00000012.npz").unlink()        # the N = 2 run's: from 6 again
@@ -130,3 +129,19 @@ def test_a_gpt_with_sharded_parameters_evaluates_samples_and_saves_the_unsharded
     assert out["parameters"] == out["none"] and len(out["none"].rstrip("\n")) == 40
     evals = [(tmp_path / f"{s}.jsonl").read_text().count('"eval"') for s in out]
     assert evals[0] == evals[1] > 0
+
+
+def test_an_uneven_tail_with_sharding_ends_on_the_unsharded_bits(tmp_path):
+    """98 samples, a global batch of 12 at 3 ranks: the tail's 2 samples leave rank 2 without
+    a share; it joins with its sharded optimizer and steps its share as the others step."""
+    flags = ["--dataset", "synthetic", "--synthetic-samples", "98", "--hidden", "16",
+             "--no-progress", "--optimizer", "adam", "--lr", "0.01", "--seed", "3",
+             "--epochs", "2", "--batch-size", "4", "--uneven", "--clip-grad-norm", "0.05"]
+    for sharding in ("optimizer", "gradients", "parameters", "none"):
+        run_mpitrain(3, [*flags, "--sharding", sharding, "--save", f"{sharding}.npz"],
+                     tmp_path, env=RING)
+    whole = load_npz(tmp_path / "none.npz")
+    for sharding in ("optimizer", "gradients", "parameters"):
+        sharded = load_npz(tmp_path / f"{sharding}.npz")
+        for key in whole:
+            assert sharded[key].tobytes() == whole[key].tobytes(), (sharding, key)

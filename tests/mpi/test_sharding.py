@@ -319,23 +319,66 @@ def whole_state_bytes(kind):
     return opt.memory_bytes()["optimizer_state"]
 
 
+JOIN_EXTRA = ["plain", "clip", "clip-buckets", "fp16", "buckets-fp16", "per-tensor",
+              "accumulate-overlap"]
+
+
+def uneven(sharding, extra, joins=True):
+    """Rank N-1 has 2 steps of data, the others 4 (the learning rate changes every step);
+    then every rank joins, the sharded ones with their optimizer."""
+    kw = dict(EXTRA[extra])
+    k = kw.pop("k", 1)
+    m = model()
+    opt = DistributedOptimizer(INNER["adam"](m), m.named_parameters(), sharding=sharding,
+                               backward_passes_per_step=k, **kw)
+    loss_fn = mt.nn.SoftmaxCrossEntropy()
+    for t in range(2 if R == N - 1 else 4):
+        rng = np.random.default_rng(77 + t)
+        x = rng.standard_normal((N * k * B, 9)).astype(np.float32)
+        y = rng.integers(0, 10, N * k * B)
+        opt.zero_grad()
+        for j in range(k):
+            part = slice((R * k + j) * B, (R * k + j + 1) * B)
+            loss_fn.forward(m.forward(np.ascontiguousarray(x[part])), y[part])
+            m.backward(loss_fn.backward() / k, on_layer_done=opt.backward_hook)
+        opt.lr = 1e-2 / (t + 1)
+        opt.step()
+    return m, opt, mt.join(optimizers=[opt] if joins else ())
+
+
 @pytest.mark.skipif(N == 1, reason="a rank to join while the others step")
 @pytest.mark.parametrize("sharding", SHARDED)
-def test_a_joined_rank_is_an_error_on_every_stepping_rank_not_a_hang(sharding):
-    """A joined rank cannot take part in the parameters' allgather: the ranks that step get a
-    CollectiveError naming the join (the reduce-scatter before it is served), and a join after
-    it ends the job's joins as usual."""
+@pytest.mark.parametrize("extra", JOIN_EXTRA)
+def test_a_joined_rank_steps_its_share_and_the_others_take_the_unsharded_steps(sharding,
+                                                                                extra):
+    """The active ranks end on the bits of the unsharded run with the same join (the joined
+    rank's gradients zeros); the joined rank stepped its share with them, so every rank,
+    the joined one too, holds that one model."""
+    sharded_model, opt, last = uneven(sharding, extra)
+    whole, whole_opt, whole_last = uneven("none", extra)
+    assert last == whole_last == N - 2
+    mine, want = state(sharded_model, opt), state(whole, whole_opt)
+    if R != N - 1:
+        for key in want:
+            assert mine[key].tobytes() == want[key].tobytes(), key
+    assert_one_model(sharded_model, opt)
+
+
+@pytest.mark.skipif(N == 1, reason="a rank to join while the others step")
+@pytest.mark.parametrize("sharding", SHARDED)
+def test_a_rank_joined_without_its_sharded_optimizer_is_one_error_on_every_rank(sharding):
     m = model()
     opt = DistributedOptimizer(INNER["adam"](m), m.named_parameters(), sharding=sharding)
     if R == N - 1:
-        assert mt.join() != N - 1           # the stepping ranks joined after it
-        return
-    loss_fn = mt.nn.SoftmaxCrossEntropy()
-    rng = np.random.default_rng(R)
-    opt.zero_grad()
-    loss_fn.forward(m.forward(rng.standard_normal((B, 9)).astype(np.float32)),
-                    rng.integers(0, 10, B))
-    m.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
-    with pytest.raises(mt.CollectiveError, match="joined"):
-        opt.step()
-    mt.join()
+        with pytest.raises((ValueError, mt.CollectiveError), match=r"mt.join\(optimizers="):
+            mt.join()
+    else:
+        loss_fn = mt.nn.SoftmaxCrossEntropy()
+        rng = np.random.default_rng(R)
+        opt.zero_grad()
+        loss_fn.forward(m.forward(rng.standard_normal((B, 9)).astype(np.float32)),
+                        rng.integers(0, 10, B))
+        m.backward(loss_fn.backward(), on_layer_done=opt.backward_hook)
+        with pytest.raises((ValueError, mt.CollectiveError), match=r"mt.join\(optimizers="):
+            opt.step()
+    mt.join()                       # every rank, the one whose join raised too

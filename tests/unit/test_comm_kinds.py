@@ -115,7 +115,7 @@ def test_join_behaviour_of_each_kind():
     by = {j: {k.value for k in Kind if k.joined is j} for j in Joined}
     assert by[Joined.REPLAY] == {"allreduce", "allreduce_", "grouped_allreduce",
                                  "grouped_allreduce_", "reducescatter", "barrier",
-                                 "allreduce buckets", "allreduce bucket"}
+                                 "allreduce buckets", "allreduce bucket", "allgather_shares"}
     assert by[Joined.AGREE] == {"DistributedOptimizer.step", "reducescatter (device)",
                                  "dtype check (bfloat16 or bool)"}
     assert by[Joined.JOIN] == {"join"}
