@@ -229,7 +229,8 @@ def alltoall_async(x, splits=None, name=None, process_set=GLOBAL):
 
 __all__ = ["ReduceOp", "Sum", "Average", "Min", "Max", "Product", "DTYPES", "CollectiveError",
            "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather",
-           "allgather_shares", "allgather_shares_async", "broadcast", "broadcast_", "reducescatter", "alltoall", "barrier",
+           "allgather_shares", "allgather_shares_async", "broadcast", "broadcast_",
+           "reducescatter", "alltoall", "barrier",
            "broadcast_object", "allgather_object", "fusion_threshold",
            "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "allgather_async", "broadcast_async", "broadcast_async_",

@@ -31,9 +31,9 @@ parameters and optimizer state live on this rank alone, so the joined rank serve
 optimizer's collectives through its join hook (PyTorch's ``Joinable.join_hook``): it receives
 its chunk of each averaged gradient, sends its true part of the clipping norm, steps its share
 and sends it to the others' allgathers (``allgather_shares``), so the active ranks' step is
-the one they would take with this rank's data all zeros. After ``join()`` returns, broadcast the parameters and the
-optimizer state from the returned rank (``python -m mpitrain --uneven`` does) so the replicas
-agree again. The join acts on one process set (default: every rank); collectives on other
+the one they would take with this rank's data all zeros. After ``join()`` returns, broadcast
+the parameters and the optimizer state from the returned rank (``python -m mpitrain --uneven``
+does; a sharded optimizer's ranks hold one model already) so the replicas agree again. The join acts on one process set (default: every rank); collectives on other
 sets that contain a joined rank are not served (the stall watchdog names it). Needs the
 cross-rank check (``MPITRAIN_CHECK=1``, the default): without the exchange there is nothing to
 learn a collective from.

@@ -1,7 +1,7 @@
 """DistributedOptimizer: the facade. It validates its arguments, picks one strategy at
-construction -- gradients.py (Horovod), weights.py (PNNL), deterministic.py, sharded.py (optimizer-state
-and gradient sharding) or parameter_sharding.py -- and delegates
-the backward hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes no MPI calls of its
+construction -- gradients.py (Horovod), weights.py (PNNL), deterministic.py, sharded.py
+(optimizer-state and gradient sharding) or parameter_sharding.py -- and delegates the backward
+hook, ``synchronize``, ``step`` and ``zero_grad`` to it; it makes no MPI calls of its
 own. Its public surface is Horovod's (docs/byo_loop.md).
 """
 import contextlib
