@@ -86,7 +86,7 @@ gpu-check:
 
 bench: venv
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --out out/bench --plot
-	$(PY) benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 --out out/bench
+	$(PY) benchmarks/step.py --model mlp lenet cifar_cnn --batch 64 --torch --out out/bench
 	timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --algo ring \
 		--max-bytes 64M --json out/bench/allreduce-ring.json
 	MPIEXEC="$(MPIEXEC)" $(PY) benchmarks/scaling.py --ranks 1 2 --model mlp lenet --mode weak \
@@ -96,7 +96,7 @@ bench: venv
 		--step out/bench/step.json \
 		--scaling out/bench/scaling-weak.json --link 25Gbps,5us --link 100Gbps,2us \
 		--out out/bench --markdown out/bench/perfmodel.md
-	$(PY) benchmarks/report.py --bench out/bench --doc docs/benchmarks.md
+	$(PY) benchmarks/report.py --bench out/bench --out docs/results.md
 
 lint: venv
 	$(PY) -m pyflakes --version >/dev/null 2>&1 || $(PY) -m pip install -q pyflakes
