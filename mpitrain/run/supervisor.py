@@ -5,11 +5,18 @@
                         -> the engine's command with MPITRAIN_RESTART_COUNT=attempt
                         -> run it, passing its output through and reading who failed
     exit 0              done
+    exit 2 (bad input)  done, exit 2: a usage error, which a restart cannot mend
     exit 32 (preempted) done, exit 32 -- unless --restart-on-preempt and the signal reached a
                         rank rather than this launcher; not counted as a failure
     anything else       a failure: the hosts named in the failure report get a strike (one
                         too many: blacklisted), then a restart after a backoff (--restart-delay,
                         doubled each time, at most MAX_DELAY_S), until --max-restarts is spent
+
+Every launch gets MPITRAIN_CHECKPOINT_PROBE, a file that a job which reads its checkpoints
+creates (mt.checkpoint.load_latest, python -m mpitrain with --checkpoint-dir:
+train/checkpoint.py's ``note_resumable``); at the first restart of a job that did not, one line
+says that it starts over (a relaunched ``python -m mpitrain`` with --checkpoint-dir resumes
+without --resume-if-exists).
 
 A stop signal to the launcher (SIGTERM, SIGUSR1, SIGINT, SIGHUP) is forwarded to the job -- the
 ranks write a checkpoint at the next step and exit 32 -- and ends the loop. Open MPI's mpirun
@@ -26,12 +33,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from mpitrain.run import engines
 from mpitrain.run.hosts import Blacklist, LaunchError, discover, placement, take
 
+EXIT_USAGE = 2               # train/cli.py's (and argparse's): bad input, one line
 EXIT_PREEMPTED = 32          # train/cli.py's: every rank stopped after the same checkpoint
 EXIT_BELOW_MIN = 3           # fewer usable slots than --min-np
 MAX_DELAY_S = 60.0
@@ -48,6 +57,7 @@ class Supervisor:
         self.blacklist = Blacklist(settings.blacklist_after)
         self.job = None
         self.stopped = None        # the signal that reached this launcher, or None
+        self.probe = None          # the file a job that reads its checkpoints creates
 
     def say(self, text):
         print(f"mpitrainrun: {text}", file=self.err, flush=True)
@@ -72,6 +82,8 @@ class Supervisor:
         """The whole supervised job; its exit code."""
         s, restarts, failures, delay = self.s, 0, 0, self.s.restart_delay
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        probe_dir = tempfile.TemporaryDirectory(prefix="mpitrainrun-")
+        self.probe = os.path.join(probe_dir.name, "resumable")
         try:
             while True:
                 try:
@@ -83,6 +95,10 @@ class Supervisor:
                     return EXIT_BELOW_MIN
                 code, lines = self.launch(hosts, n, restarts)
                 if code == 0 or self.stopped is not None:
+                    return code
+                if code == EXIT_USAGE:
+                    self.say("the job exited 2, bad input: a restart cannot mend it, so it is "
+                             "not restarted")
                     return code
                 if code == EXIT_PREEMPTED:
                     if not s.restart_on_preempt:
@@ -103,6 +119,10 @@ class Supervisor:
                 restarts, failures = restarts + 1, failures + 1
                 self.say(f"the job failed with exit code {code}; restart {failures} of "
                          f"{s.max_restarts} in {delay:g} s")
+                if failures == 1 and not os.path.exists(self.probe):
+                    self.say("the job read no checkpoint (mt.checkpoint.load_latest, or "
+                             "python -m mpitrain --checkpoint-dir): the restart begins "
+                             "from the start")
                 if self._sleep(delay):
                     return code
                 delay = min(MAX_DELAY_S, delay * 2)
@@ -112,6 +132,7 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            probe_dir.cleanup()
 
     def strike(self, lines, hosts, n):
         """Count a failure against the hosts the failure report names."""
@@ -130,6 +151,8 @@ class Supervisor:
         argv = engines.command(self.engine, n, hosts, s.command, s.mpi_args,
                                engines.exported_names(self.env, s.export), s.mpiexec)
         env = dict(self.env, MPITRAIN_RESTART_COUNT=str(restarts))
+        if self.probe is not None:
+            env["MPITRAIN_CHECKPOINT_PROBE"] = self.probe
         if s.verbose or restarts:
             where = f" on {engines.spell(hosts)}" if hosts else ""
             self.say(f"launch {restarts}: {n} rank(s){where}")

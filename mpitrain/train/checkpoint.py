@@ -39,6 +39,9 @@ Two levels, one format:
   epoch, ...) sits at the top level of ``__meta__`` beside ``step``, as the CLI's epoch and model
   do, so both kinds of checkpoint are the same file. ``restart_count()``: how many times
   mpitrainrun has relaunched the job (MPITRAIN_RESTART_COUNT), for a loop that logs it.
+  ``load_latest`` (and the CLI's resume) also tell mpitrainrun that the job reads its
+  checkpoints (``note_resumable``: a file it names in MPITRAIN_CHECKPOINT_PROBE), so that the
+  launcher can say at a restart when a job has no way to resume.
 """
 import contextlib
 import hashlib
@@ -64,6 +67,20 @@ _ZIP = b"PK\x03\x04"    # np.savez writes a zip archive; its first local header 
 # __meta__ keys of the format itself; save(extra=...) may not use them
 _RESERVED = ("format", "step", "param_names", "optimizer_layout", "shards")
 env.declare("MPITRAIN_RESTART_COUNT")     # set by mpitrainrun on every launch (mpitrain/run/)
+env.declare("MPITRAIN_CHECKPOINT_PROBE")  # set by mpitrainrun: touched by a job that resumes
+
+
+def note_resumable(environ=None):
+    """Rank 0: tell mpitrainrun that this job reads its checkpoints (it creates the file named
+    by MPITRAIN_CHECKPOINT_PROBE, when set); a failure to write it is not the job's."""
+    environ = os.environ if environ is None else environ
+    path = environ.get("MPITRAIN_CHECKPOINT_PROBE")
+    if path and comm.rank() == 0:
+        try:
+            with open(path, "a"):
+                pass
+        except OSError:
+            pass
 
 
 def checkpoint_path(directory, step):
@@ -400,6 +417,7 @@ def load_latest(directory, model, optimizer):
     """
     directory = os.fspath(directory)
     found, error = None, None
+    note_resumable()
     if comm.rank() == 0:
         try:
             checkpoint, skipped = read_latest(directory)

@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 
+from mpitrain.runtime import env
 from mpitrain.runtime.errors import DataError, Interrupted, OutputError, Preempted, UsageError
 from mpitrain.train import config as cfg
 from mpitrain.train.flag_types import field_type, parse_value
@@ -98,10 +99,20 @@ def _typed(f):
 
 
 def parse(argv=None, environ=None):
-    """Config from defaults < environment < ``argv`` (default sys.argv[1:]), validated."""
+    """Config from defaults < environment < ``argv`` (default sys.argv[1:]), validated. A job
+    that mpitrainrun relaunched (MPITRAIN_RESTART_COUNT > 0) with a --checkpoint-dir resumes
+    from it as with --resume-if-exists: the relaunch continues the run the failure cut."""
     config = cfg.from_env(environ)
     flags = vars(build_parser().parse_args(argv))
-    return config.replace(**flags).validate()
+    config = config.replace(**flags).validate()
+    # train/checkpoint.py's restart_count(), read here without importing MPI
+    relaunch = env.integer("MPITRAIN_RESTART_COUNT", 0, minimum=0, environ=environ)
+    if config.checkpoint_dir and not config.resuming and relaunch > 0:
+        config = config.replace(resume_if_exists=True)
+        if _rank() == 0:
+            print(f"mpitrain: relaunch {relaunch} (mpitrainrun): resuming from the newest "
+                  f"checkpoint in {config.checkpoint_dir}", flush=True)
+    return config
 
 
 def _rank():

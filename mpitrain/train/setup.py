@@ -324,6 +324,8 @@ def _start(config, signals=None):
         trainer = Trainer(config, backend, train_set, test_set, model, optimizer, base_lr,
                           outputs, signals)
         checkpoint = None
+        if config.checkpoint_dir:       # a relaunch resumes from it (cli.py)
+            ckpt.note_resumable()
         if config.resuming:
             checkpoint = comm.broadcast_object(_agree(_read_checkpoint, config), root_rank=0)
             if checkpoint is not None:
