@@ -73,8 +73,7 @@ env.declare("MPITRAIN_CHECKPOINT_PROBE")  # set by mpitrainrun: touched by a job
 def note_resumable(environ=None):
     """Rank 0: tell mpitrainrun that this job reads its checkpoints (it creates the file named
     by MPITRAIN_CHECKPOINT_PROBE, when set); a failure to write it is not the job's."""
-    environ = os.environ if environ is None else environ
-    path = environ.get("MPITRAIN_CHECKPOINT_PROBE")
+    path = env.text("MPITRAIN_CHECKPOINT_PROBE", environ=environ)
     if path and comm.rank() == 0:
         try:
             with open(path, "a"):

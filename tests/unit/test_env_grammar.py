@@ -74,7 +74,7 @@ CONFIG = _config_table()
 OFF = {cfg.env_name(f.metadata["off_flag"]): f.name for f in cfg.fields()
        if f.metadata.get("off_flag")}
 # the data layer's older name of MPITRAIN_DATA_DIR; the relaunch count mpitrainrun sets
-OTHER = ("MPITRAIN_DATA", "MPITRAIN_RESTART_COUNT")
+OTHER = ("MPITRAIN_DATA", "MPITRAIN_RESTART_COUNT", "MPITRAIN_CHECKPOINT_PROBE")
 BOOLEANS = [name for name, (_, _, value) in {**COMM, **CONFIG}.items()
             if isinstance(value, bool)]
 TEXT = {name for name, (text, _, value) in {**COMM, **CONFIG}.items() if text == value}
