@@ -30,6 +30,9 @@ setup(
         # PyTorch for mpitrain.torch (horovod.torch's API); pinned so that pip takes the CPU
         # wheel instead of resolving a CUDA build.
         "torch": ["torch==2.13.0"],
+        # TensorFlow and Keras 3 for mpitrain.tensorflow and mpitrain.keras (horovod.tensorflow's
+        # API); the CPU build, pinned to the release they are tested against.
+        "tensorflow": ["tensorflow-cpu==2.21.*", "keras>=3.0"],
         # tensorboardX for --tensorboard DIR (mpitrain/train/tensorboard.py).
         "tensorboard": ["tensorboardX>=2.6"],
         "test": ["mpich", "matplotlib", "pytest", "pytest-timeout", "hypothesis",

@@ -158,7 +158,8 @@ def test_the_comm_layer_has_the_documented_order():
 LAYERS = ("kernels", "runtime", "comm", "model", "parallel", "train")
 _FOLDERS = {"kernels": "kernels", "runtime": "runtime", "timeline": "runtime", "comm": "comm",
             "nn": "model", "optim": "model", "data": "model", "parallel": "parallel",
-            "train": "train", "torch": "train", "run": "train", "info": "train"}
+            "train": "train", "torch": "train", "tensorflow": "train", "keras": "train",
+            "run": "train", "info": "train"}
 # Model-layer modules that still reach comm (lazily): to move up, not to grow.
 MODEL_USES_OF_COMM = {"mpitrain.nn.sync_batchnorm", "mpitrain.data.sampler"}
 
