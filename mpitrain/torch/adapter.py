@@ -26,16 +26,26 @@ class TorchParameter:
     buckets and none waits for a gradient that never comes (Horovod does the same). It tells
     the step so (``has_grad``), and where no rank had a gradient for it the step gives it none
     back (``drop_grad``; parallel/report.py), as at N = 1 and under DDP.
-    sparse_as_dense: a sparse gradient (``nn.Embedding(sparse=True)``) is made dense first;
-    without it a sparse gradient is a ValueError.
+    A sparse gradient (``nn.Embedding(sparse=True)``) takes one of two paths (optimizer.py):
+    ``sparse_dim`` > 0 (``sparse_as_dense=False``, the default, once the first backward pass
+    has shown the gradient sparse on some rank): it travels by allgather of its indices and
+    values, and the buckets see a zero-size array in its place (``data`` and ``grad``), so the
+    agreed plan, the pass count and the gradient report stay as for any parameter. Otherwise
+    (``sparse_as_dense=True``, or a parameter that got no gradient on any rank in that first
+    pass) it is made dense for the buckets; ``densified`` keeps its sparse_dim so that the
+    average is made sparse again after (Horovod's behaviour: ``torch.optim.SparseAdam`` takes
+    sparse gradients only). ``dropped``: ``drop_grad`` ran in this step's average.
     """
 
-    __slots__ = ("tensor", "name", "sparse_as_dense")
+    __slots__ = ("tensor", "name", "sparse_as_dense", "sparse_dim", "densified", "dropped")
 
     def __init__(self, tensor, name, sparse_as_dense=False):
         self.tensor = tensor
         self.name = name
         self.sparse_as_dense = sparse_as_dense
+        self.sparse_dim = 0
+        self.densified = 0
+        self.dropped = False
 
     @property
     def kernels(self):
@@ -44,21 +54,26 @@ class TorchParameter:
             return kernels.get("cuda", "cupy")
         return kernels.get("cpu")
 
+    def empty(self):
+        """The zero-size array a gathered (sparse) parameter shows the buckets."""
+        return array_of(self.tensor.detach().new_empty(0))
+
     @property
     def data(self):
+        if self.sparse_dim:
+            return self.empty()
         return array_of(self.tensor.detach())
 
     @property
     def grad(self):
+        if self.sparse_dim:
+            return self.empty()
         tensor = self.tensor
         grad = tensor.grad
         if grad is None:
             grad = tensor.grad = torch.zeros_like(tensor, memory_format=torch.preserve_format)
         elif grad.layout is not torch.strided:
-            if not self.sparse_as_dense:
-                raise ValueError(f"parameter {self.name!r} has a {grad.layout} gradient; "
-                                 f"DistributedOptimizer(..., sparse_as_dense=True) averages "
-                                 f"it as a dense one")
+            self.densified = grad.sparse_dim() if grad.layout is torch.sparse_coo else 0
             grad = tensor.grad = grad.to_dense()
         return array_of(grad.detach())
 
@@ -68,10 +83,11 @@ class TorchParameter:
 
     def drop_grad(self):
         self.tensor.grad = None
+        self.dropped = True
 
     @property
     def shape(self):
-        return tuple(self.tensor.shape)
+        return (0,) if self.sparse_dim else tuple(self.tensor.shape)
 
     @property
     def dtype(self):

@@ -24,6 +24,11 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
   and under DDP: the optimizer leaves it alone);
 - the first average compares a digest of every rank's parameters and raises on every rank
   where they differ (``broadcast_parameters`` forgotten);
+- a sparse gradient (``nn.Embedding(sparse=True)``), with ``sparse_as_dense=False`` (the
+  default), is averaged by allgather of its rows and stays sparse (sparse.py); which
+  parameters go that way is agreed when the optimizer's first backward pass ends, so that
+  pass hands its gradients to the buckets at its end. ``sparse_as_dense=True`` averages it
+  dense in the buckets and makes it sparse again (as Horovod: SparseAdam takes sparse ones);
 - join (``hvd.join()``), process sets, ``Compression.fp16`` (cast in the buckets) and the stall
   watchdog are mpitrain's; on a rank outside ``process_set`` the optimizer registers no hooks
   and steps on its own gradients (Horovod's behaviour);
@@ -47,6 +52,7 @@ from torch.autograd import Variable
 
 from mpitrain import comm
 from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributedOptimizer
+from mpitrain.torch import sparse
 from mpitrain.torch.adapter import TorchOptimizer, TorchParameter
 from mpitrain.torch.compression import Compression, builtin, is_compression
 from mpitrain.torch.ops import allgather_object
@@ -108,6 +114,10 @@ class DistributedMixin:
         self.mt_partition = (Partition(self.param_groups, process_set, self.mt_who)
                              if sharding in ("optimizer", "gradients") else None)
         self.mt_consolidated = None  # consolidate_state_dict's merged state, on its rank
+        self.mt_adapters = []
+        self.mt_undecided = False    # which gradients are sparse is agreed after the first pass
+        self.mt_held = []            # the first pass's reports, held until then (sparse.py)
+        self.mt_held_queued = False
         self.mt_build()
 
     def mt_build(self, extend_names=False):
@@ -130,6 +140,9 @@ class DistributedMixin:
                                  f"float32 parameters (torch.autocast computes in bfloat16)")
         adapters = [TorchParameter(p, names[id(p)], arguments["sparse_as_dense"])
                     for p in params]
+        self.mt_adapters = adapters
+        self.mt_undecided = False
+        self.mt_held = []
         self.mt_inner = TorchOptimizer(self, adapters)
         self.on_device = any(p.is_cuda for p in params)
         self.remove_hooks()
@@ -141,6 +154,7 @@ class DistributedMixin:
         wire = builtin(compression)
         if process_set.included() is False:
             return
+        self.mt_undecided = not arguments["sparse_as_dense"]
         self.mt_optimizer = ArrayDistributedOptimizer(
             self.mt_inner, named_parameters=[(a.name, a) for a in adapters],
             compression=wire if wire is not None else TensorCompressor(compression),
@@ -165,11 +179,37 @@ class DistributedMixin:
     # -- the hooks ---------------------------------------------------------------------------
     def gradient_ready(self, adapter):
         """A parameter's ``.grad`` is accumulated: hand it to the buckets; in the pass that
-        completes the step, queue the average for the end of backward (once per pass)."""
+        completes the step, queue the average for the end of backward (once per pass). In
+        the first pass, until which gradients are sparse is known, hold it for that pass's
+        end instead."""
+        if self.mt_undecided:
+            self.mt_held.append(adapter)
+            if not self.mt_held_queued:
+                self.mt_held_queued = True
+                Variable._execution_engine.queue_callback(self.first_pass_done)
+            return
         self.mt_optimizer.backward_hook((adapter,))
         if not self.end_queued and self.mt_optimizer.passes_complete():
             self.end_queued = True
             Variable._execution_engine.queue_callback(self.backward_done)
+
+    def first_pass_done(self):
+        """Autograd's engine, as the first backward pass ends: agree on which gradients are
+        sparse, then hand the pass's reports to the buckets (and average, if it completes
+        the step)."""
+        self.mt_held_queued = False
+        self.mt_settle_first_pass()
+        if self.mt_optimizer.passes_complete():
+            self.average()
+
+    def mt_settle_first_pass(self):
+        """Collective (sparse.decide), once: which gradients travel gathered; then the held
+        reports of the first pass go to the buckets."""
+        held, self.mt_held = self.mt_held, []
+        self.mt_undecided = False
+        sparse.decide(self.mt_adapters, self.process_set, self.mt_sharding, self.mt_who)
+        if held:
+            self.mt_optimizer.backward_hook(tuple(held))
 
     def backward_done(self):
         """Autograd's engine, as the backward pass ends: average now (DDP's moment)."""
@@ -178,11 +218,21 @@ class DistributedMixin:
             self.average()
 
     def average(self):
-        """Average every gradient in place now, unless that is done already."""
+        """Average every gradient in place now, unless that is done already: the buckets'
+        (dense) ones, then the gathered (sparse) ones."""
         if self.mt_optimizer.synchronized:
             return
+        if self.mt_undecided:
+            self.mt_settle_first_pass()      # no hook ran: gradients set by hand
+        adapters = self.mt_adapters
+        for a in adapters:
+            a.dropped = False
         self.device_barrier()
-        self.mt_optimizer.synchronize()
+        try:
+            self.mt_optimizer.synchronize()
+        finally:
+            sparse.restore(adapters)
+        sparse.average(adapters, self.mt_arguments["op"], self.process_set, self.mt_who)
         self.device_barrier()
 
     # -- Horovod's surface -------------------------------------------------------------------
@@ -221,6 +271,8 @@ class DistributedMixin:
                           "optimizer.skip_synchronize() context if you use "
                           "optimizer.synchronize() in your code.")
         self.called_synchronize = False
+        if not self.skipping:
+            self.average()                   # unless backward's end did (both kinds)
         self.device_barrier()
         result = []
         self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
@@ -234,6 +286,8 @@ class DistributedMixin:
         if self.mt_optimizer is None:
             return self.inner_zero_grad(set_to_none)
         self.mt_optimizer.zero_grad(inner=lambda: self.inner_zero_grad(set_to_none))
+        for a in self.mt_adapters:
+            a.densified = 0
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
         """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of every parameter of
@@ -424,6 +478,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     any N. "gradients": as "optimizer", the gradients reduce-scattered and each kept by its
     parameter's owner only (``p.grad`` is None for the others between steps); clip with
     ``opt.clip_grad_norm_``, not torch's function. "parameters" is not available here yet.
+    Sparse gradients (``nn.Embedding(sparse=True)``) are gathered, not reduced, unless
+    ``sparse_as_dense=True`` (sparse.py); "gradients" sharding refuses them.
     """
     check_sharding(sharding)
     if not isinstance(optimizer, torch.optim.Optimizer):
