@@ -19,7 +19,10 @@ are never reused while it lives; ``mt.shutdown()`` drops every set with it, so a
 kept across a shutdown is refused instead of naming some later set. ``global_process_set`` is
 the set of all ranks of whatever communicator is initialised (id 0; its World is the global
 one). As in Horovod: ranks are sorted, adding a set whose ranks equal an existing added set's
-is a ValueError, and ``remove_process_set`` returns False for the global set.
+is a ValueError, and ``remove_process_set`` returns False for the global set. A set may have no
+ranks (Horovod's ``add_process_set([])``, e.g. the odd ranks of one process): it is added and
+removed as any other, no rank is ever in it (``included()`` False, ``size()`` 0), and a
+collective on it is the calling rank's ValueError, as for any rank outside a set.
 """
 import numpy as np
 from mpi4py import MPI
@@ -108,7 +111,8 @@ def add_process_set(process_set):
     """Add a set of ranks (a list of global ranks or a ProcessSet); returns the ProcessSet.
 
     Collective over the global set: every rank calls it with the same ranks (else
-    CollectiveError on every rank). Ranks must be distinct integers in [0, size).
+    CollectiveError on every rank). Ranks must be distinct integers in [0, size); the list may
+    be empty (a set no rank is in).
     """
     return handles.ordered(_add, process_set)
 
@@ -144,11 +148,10 @@ def _as_ranks(ranks, size):
         values = list(ranks)
     except TypeError:
         return None, f"add_process_set: expected a list of ranks, got {type(ranks).__name__}"
-    if not values or any(isinstance(r, bool) or not isinstance(r, (int, np.integer))
-                         for r in values):
-        return None, f"add_process_set: expected a non-empty list of integer ranks, got {values}"
+    if any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) for r in values):
+        return None, f"add_process_set: expected a list of integer ranks, got {values}"
     values = sorted(int(r) for r in values)
-    if len(set(values)) != len(values) or values[0] < 0 or values[-1] >= size:
+    if values and (len(set(values)) != len(values) or values[0] < 0 or values[-1] >= size):
         return None, (f"add_process_set: ranks {values} must be distinct and in [0, {size}) "
                       f"(the global set's ranks)")
     return values, None

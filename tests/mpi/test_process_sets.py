@@ -194,12 +194,45 @@ def test_mismatched_add_lists_are_a_collective_error_on_every_rank():
 
 
 @pytest.mark.parametrize("ranks, match", [
-    ([], r"non-empty list of integer ranks"), ([0, 0], r"must be distinct"),
-    ([N], r"must be distinct and in \[0, "), ([-1], r"must be distinct"),
-    (["0"], r"integer ranks"), (3, r"expected a list of ranks")])
+    ([0, 0], r"must be distinct"), ([N], r"must be distinct and in \[0, "),
+    ([-1], r"must be distinct"), (["0"], r"integer ranks"), ([0.0], r"integer ranks"),
+    (3, r"expected a list of ranks")])
 def test_bad_rank_lists_are_the_same_value_error_on_every_rank(ranks, match):
     with pytest.raises(ValueError, match=match):
         mt.add_process_set(ranks)
+
+
+def test_an_empty_set_is_added_and_no_rank_is_in_it():
+    """Horovod accepts add_process_set([]) (its tests add the odd ranks, none at N = 1): a set
+    no rank is in, a ValueError on the calling rank for any collective on it."""
+    before = [s.process_set_id for s in mt.process_sets()]
+    empty = mt.add_process_set([])
+    assert empty.ranks == [] and empty.size() == 0 and empty.process_set_id >= 1
+    assert empty.included() is False and empty.rank() == -1
+    assert len(set(mt.allgather_object(empty.process_set_id))) == 1
+    named = re.escape(f"rank {R} is not in ProcessSet(process_set_id={empty.process_set_id}, "
+                      f"ranks=[])")
+    x = np.ones(3)
+    for call in (lambda: mt.allreduce(x, process_set=empty),
+                 lambda: mt.allgather(x, process_set=empty),
+                 lambda: mt.broadcast(x, 0, process_set=empty),
+                 lambda: mt.barrier(process_set=empty),
+                 lambda: mt.allgather_object(1, process_set=empty),
+                 lambda: mt.join(process_set=empty)):
+        with pytest.raises(ValueError, match=named):
+            call()
+    with pytest.raises(ValueError, match=r"already exists"):
+        mt.add_process_set(mt.ProcessSet([]))
+    evens = mt.add_process_set(range(0, N, 2))       # the sets Horovod's tests add at N = 1
+    odds = mt.add_process_set(range(1, N, 2)) if N > 1 else None
+    got = mt.allreduce(np.array([1.0]), op=mt.Sum, process_set=evens if R % 2 == 0 else odds)
+    assert got.tolist() == [float(len(range(R % 2, N, 2)))]
+    assert mt.allreduce(np.array([R]), op=mt.Sum).tolist() == [N * (N - 1) // 2]
+    for s in (odds, evens, empty):
+        if s is not None:
+            assert mt.remove_process_set(s) is True
+    assert [s.process_set_id for s in mt.process_sets()] == before
+    assert empty.process_set_id is None and mt.remove_process_set(empty) is False
 
 
 def test_a_duplicate_set_is_refused_and_remove_then_readd_works():
