@@ -18,7 +18,8 @@ STAMP := $(VENV)/.installed
 TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: venv venv-run run test test-unit test-mpi test-cuda-sim test-e2e test-gpu gpu-check bench \
+.PHONY: venv venv-run run test test-unit test-mpi test-horovod test-cuda-sim test-e2e test-gpu \
+	gpu-check bench \
 	data lint loc \
 	clean
 
@@ -50,7 +51,7 @@ data: venv-run
 run: venv-run data
 	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
 
-test: test-unit test-mpi test-cuda-sim test-e2e
+test: test-unit test-mpi test-horovod test-cuda-sim test-e2e
 
 test-unit: venv
 	$(TEST_ENV) $(PYTEST) tests/unit
@@ -61,6 +62,16 @@ test-mpi: venv
 	for n in 2 3 4; do \
 		echo "== mpiexec -n $$n"; \
 		$(TEST_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/mpi || exit 1; \
+	done
+
+# Horovod's own test/parallel/test_torch.py (the copy in tests/horovod_suite/upstream) against
+# mpitrain.torch: the whole file in one mpiexec job per N, the tests horovod_scope.py lists
+# skipped; a failure on any rank aborts its job (docs/pytorch.md, "Horovod's own test suite").
+test-horovod: venv
+	for n in 1 2 3; do \
+		echo "== Horovod's test_torch.py, mpiexec -n $$n"; \
+		$(TEST_ENV) MPIEXEC=$(MPIEXEC) $(PY) tests/horovod_suite/run.py --one-job --sizes $$n \
+			--timeout $(MPI_TIMEOUT) || exit 1; \
 	done
 
 # End-to-end: tests that launch `mpiexec ... python -m mpitrain` themselves (each under a timeout).

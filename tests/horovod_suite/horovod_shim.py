@@ -14,6 +14,12 @@ One change to what the suite sees: ``torch.optim.Optimizer.__subclasses__()`` le
 ``torch.optim.Muon``. The suite wraps every optimizer class it finds there with the same
 arguments, and Muon (added to torch after the suite was written) refuses the 1-D bias
 parameters of its models, in Horovod as in mpitrain.
+
+In a job that runs the whole file (run.py --one-job, ``make test``), as in tests/mpi: the
+tests horovod_scope.py lists for this number of ranks are marked skipped with the reason,
+ranks other than 0 print no report, and a failure on any rank prints that rank's report and
+aborts the job (the other ranks may be waiting in a collective the failing rank will never
+join).
 """
 import os
 import pickle
@@ -22,10 +28,15 @@ import threading
 import types
 import unittest.mock
 
+import pytest
 import torch
 from mpi4py import MPI
 
 import mpitrain.torch
+from horovod_scope import why_not
+
+RANK = MPI.COMM_WORLD.Get_rank()
+SIZE = MPI.COMM_WORLD.Get_size()
 
 
 def in_thread(target, args=(), name=None, daemon=True, silent=False):
@@ -70,13 +81,42 @@ def _install():
 _install()
 
 
+@pytest.hookimpl(trylast=True)   # after pytest's own configure has registered the reporter
+def pytest_configure(config):
+    if RANK != 0:
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests out of scope at this number of ranks are skipped, naming why
+    (horovod_scope.py)."""
+    for item in items:
+        why = why_not(item.name, SIZE)
+        if why is not None:
+            item.add_marker(pytest.mark.skip(reason=f"out of scope for mpitrain: {why}"))
+
+
 def pytest_runtest_logreport(report):
     """With HOROVOD_SUITE_RESULTS set, each rank appends ``<outcome> <test id>`` for each phase
     to ``<that folder>/rank<r>.txt``: run.py reads the verdict of every rank from there (under
-    mpiexec the ranks' terminal reports interleave)."""
+    mpiexec the ranks' terminal reports interleave). A failure on any rank aborts the job."""
     folder = os.environ.get("HOROVOD_SUITE_RESULTS")
-    if not folder or (report.when != "call" and report.passed):
+    if folder and not (report.when != "call" and report.passed):
+        with open(os.path.join(folder, f"rank{RANK}.txt"), "a") as f:
+            f.write(f"{report.outcome} {report.when} {report.nodeid}\n")
+    _abort_on_failure(report, report.when)
+
+
+def pytest_collectreport(report):
+    _abort_on_failure(report, "collection")
+
+
+def _abort_on_failure(report, what):
+    if not report.failed or SIZE == 1:
         return
-    rank = MPI.COMM_WORLD.Get_rank()
-    with open(os.path.join(folder, f"rank{rank}.txt"), "a") as f:
-        f.write(f"{report.outcome} {report.when} {report.nodeid}\n")
+    sys.stderr.write(f"\n[rank {RANK} of {SIZE}] {what} FAILED: {report.nodeid}\n"
+                     f"{report.longreprtext}\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)

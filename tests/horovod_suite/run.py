@@ -1,20 +1,28 @@
-"""Run Horovod's own ``test/parallel/test_torch.py`` against mpitrain.torch, one mpiexec per test.
+"""Run Horovod's own ``test/parallel/test_torch.py`` against mpitrain.torch.
 
-    HOROVOD_SOURCE=/path/to/horovod python tests/horovod_suite/run.py [--sizes 1,2,3] [-k WORD]
+    python tests/horovod_suite/run.py [--sizes 1,2,3] [--one-job] [-k WORD] [--log FILE]
 
-HOROVOD_SOURCE is a checkout of github.com/horovod/horovod (its tests are not in the PyPI
-sdist, and none of its code is kept in this repository). Without it this prints one line and
-exits 0: nothing to run. Each test runs alone, ``mpiexec -n N python -m pytest -p horovod_shim
-<file>::TorchTests::<test>`` under a timeout, for each N: in one job the first failing test
-would leave the ranks out of step for every later one. horovod_shim.py makes ``horovod.torch``
-mpitrain.torch. The tests listed in OUT_OF_SCOPE, and in OUT_OF_SCOPE_AT at the sizes given
-there (docs/pytorch.md, "Horovod's own test suite"), are not run. A test passes when it
-passes on every rank, is skipped when no rank fails and some skip; anything else (a failure on any rank, a non-zero exit, the timeout) is a failure.
-Prints the counts per N and the failures; exits 1 when any test failed.
+The suite is the copy kept in ``upstream/`` (Horovod at commit 2626dc87, unchanged: NOTICE),
+or a checkout of github.com/horovod/horovod named by HOROVOD_SOURCE. The copy's files end in
+``.vendored`` so that no tool takes them for this repository's code (pyflakes, pytest's
+collection); they are laid out as a checkout in a temporary folder to run.
+horovod_shim.py makes ``horovod.torch`` mpitrain.torch. The tests horovod_scope.py lists for
+a number of ranks (docs/pytorch.md, "Horovod's own test suite") are not run.
+
+Two ways to run, for each N of ``--sizes``, each job under a timeout:
+- ``--one-job`` (``make test``): the whole file in one ``mpiexec -n N python -m pytest``
+  job, the tests out of scope marked skipped; a failure on any rank aborts the job (the
+  ranks would be out of step for every later test) and fails the run;
+- otherwise one job per test: slower (a job's start is most of a test's time), but every test
+  gets its verdict, for finding what fails.
+A test passes when it passes on every rank, is skipped when no rank fails and some skip;
+anything else (a failure on any rank, a non-zero exit, the timeout) is a failure. Prints the
+counts per N and the failures; exits 1 when any test failed.
 """
 import argparse
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,42 +30,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SUITE = os.path.join("test", "parallel", "test_torch.py")
+VENDORED = os.path.join(HERE, "upstream")
+FILES = (SUITE, os.path.join("test", "utils", "common.py"))
 
-# Tests that check Horovod's internals or a design mpitrain does not share, rather than the
-# public behaviour; docs/pytorch.md ("Horovod's own test suite") gives the same list.
-ORDER = ("its ranks make their calls in different orders (an async call before a barrier on "
-         "rank 0, after it on the others): Horovod matches collectives by name, mpitrain by "
-         "call order, so this is a CollectiveError; the name rule itself is tested in "
-         "tests/mpi/test_torch_horovod_parity.py")
-OUT_OF_SCOPE = {
-    "test_optimizer_no_named_parameters": "reads the optimizer's private _parameter_names",
-    "test_horovod_allreduce_duplicate_name_error": ORDER,
-    "test_horovod_allgather_duplicate_name_error": ORDER,
-    "test_horovod_broadcast_duplicate_name_error": ORDER,
-    "test_horovod_reducescatter_duplicate_name_error": ORDER,
-}
-# Tests whose expected values, at some numbers of ranks only, are not what Horovod's own
-# arithmetic gives: {name: (sizes, why)}.
-PRESCALE = ("at N = 3 it expects 3 x a float16 value, unrounded, from a float16 sum: no "
-            "float16 result equals it")
-OUT_OF_SCOPE_AT = {
-    "test_horovod_allreduce_prescale": ({3}, PRESCALE),
-    "test_horovod_reducescatter_prescale": ({3}, PRESCALE),
-    "test_horovod_grouped_reducescatter_prescale": ({3}, PRESCALE),
-    "test_horovod_join_allreduce": ({1, 3}, "at N = 1 it expects join() to return a rank other "
-                                            "than the only one; at N = 3 a float32 division by "
-                                            "3 where Horovod multiplies by the float32 1/3"),
-}
-# Refused by design: replicas built from different random parameters step before they are
-# broadcast, and mpitrain.torch's first step raises on every rank that they differ.
-DIFFERENT_REPLICAS = ("it steps replicas that start from different parameters, which the "
-                      "first step refuses on every rank (DDP broadcasts; Horovod lets them "
-                      "train apart)")
-for _name in ("test_broadcast_state", "test_broadcast_state_options",
-              "test_dynamic_requires_grad", "test_no_named_parameters"):
-    OUT_OF_SCOPE_AT.setdefault(_name, ({2, 3}, DIFFERENT_REPLICAS))
-OUT_OF_SCOPE["test_sparse_embeddings"] = ("a sparse gradient needs sparse_as_dense=True "
-                                          "in mpitrain.torch")
+sys.path.insert(0, HERE)
+from horovod_scope import why_not  # noqa: E402
 
 
 def test_names(path):
@@ -70,21 +47,44 @@ def test_names(path):
     raise SystemExit(f"{path}: no TorchTests class")
 
 
-def verdict(folder, size, rc):
-    """'passed', 'skipped' or 'failed' from every rank's outcome lines and the exit status."""
-    outcomes = []
+def lay_out(folder):
+    """The kept copy as a checkout under ``folder`` (test/parallel, test/utils); ``folder``."""
+    for name in FILES:
+        os.makedirs(os.path.join(folder, os.path.dirname(name)), exist_ok=True)
+        shutil.copyfile(os.path.join(VENDORED, name + ".vendored"), os.path.join(folder, name))
+    return folder
+
+
+def verdicts(folder, size, rc):
+    """{test name: 'passed', 'skipped' or 'failed'} from every rank's outcome lines and the
+    exit status. A test some rank reported and another did not is failed; one no rank reported
+    is missing (not reached, where the job ended early)."""
+    outcomes = {}
     for r in range(size):
         try:
             with open(os.path.join(folder, f"rank{r}.txt")) as f:
-                outcomes += [line.split()[0] for line in f if line.strip()]
+                lines = [line.split() for line in f if line.strip()]
         except FileNotFoundError:
-            return "failed"                       # a rank never reported
-    if rc != 0 or "failed" in outcomes or not outcomes:
-        return "failed"
-    return "skipped" if "skipped" in outcomes else "passed"
+            return {}                              # a rank never reported
+        mine = {}
+        for outcome, _, nodeid in lines:
+            mine.setdefault(nodeid.rsplit("::", 1)[-1], []).append(outcome)
+        for name, seen in mine.items():
+            outcomes.setdefault(name, []).append(seen)
+    result = {}
+    for name, per_rank in outcomes.items():
+        seen = [o for rank in per_rank for o in rank]
+        if len(per_rank) < size or "failed" in seen:
+            result[name] = "failed"
+        else:
+            result[name] = "skipped" if "skipped" in seen else "passed"
+    if rc != 0 and not any(v == "failed" for v in result.values()):
+        result["(the job)"] = "failed"              # it failed outside any test
+    return result
 
 
-def run_one(source, name, size, timeout, mpiexec):
+def run_job(source, size, timeout, mpiexec, test=None):
+    """One mpiexec job: the file (or one test of it) on ``size`` ranks; (verdicts, output)."""
     suite = os.path.join(source, SUITE)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                NUMBA_NUM_THREADS="1",
@@ -94,52 +94,77 @@ def run_one(source, name, size, timeout, mpiexec):
         env["HOROVOD_SUITE_RESULTS"] = folder
         cmd = ["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(size), sys.executable,
                "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "horovod_shim",
-               f"{suite}::TorchTests::{name}"]
+               "-o", "timeout=300", suite if test is None else f"{suite}::TorchTests::{test}"]
         proc = subprocess.run(cmd, env=env, cwd=os.path.join(source, "test"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        return verdict(folder, size, proc.returncode), proc.stdout
+        return verdicts(folder, size, proc.returncode), proc.stdout
+
+
+def run_size(source, names, size, args, mpiexec, log):
+    """Every test of ``names`` at ``size`` ranks; the names of those that failed."""
+    counts, failures = {"passed": 0, "failed": 0, "skipped": 0, "not reached": 0}, []
+    here = [n for n in names if why_not(n, size) is None]
+    if args.one_job:
+        got, output = run_job(source, size, args.timeout, mpiexec)
+        results = [(n, got.get(n, "not reached")) for n in here]
+        if args.verbose or any(v == "failed" for v in got.values()) or len(got) < len(here):
+            print(output[-30000:], flush=True)     # pytest's report, and the failing rank's
+        results += [(n, v) for n, v in got.items() if n == "(the job)"]
+        outputs = {n: output for n, _ in results}
+    else:
+        results, outputs = [], {}
+        for name in here:
+            got, outputs[name] = run_job(source, size, args.timeout, mpiexec, test=name)
+            results.append((name, got.get(name, "failed") if len(got) <= 1 else "failed"))
+    for name, result in results:
+        counts[result] += 1
+        if result == "failed":
+            failures.append(name)
+    if log and failures:
+        for name in (failures[:1] if args.one_job else failures):
+            log.write(f"===== N={size} {name}\n{outputs[name]}\n")
+        log.flush()
+    missed = (f", {counts['not reached']} not reached (the job ended)"
+              if counts["not reached"] else "")
+    print(f"N={size}: {counts['passed']} passed, {counts['failed']} failed, "
+          f"{counts['skipped']} skipped{missed} ({len(names) - len(here)} out of scope, "
+          f"not run)", flush=True)
+    for name in failures:
+        print(f"  failed: {name}", flush=True)
+    return failures or counts["not reached"]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,2,3", help="numbers of ranks (default 1,2,3)")
-    parser.add_argument("-k", default=None, help="only tests whose name contains this")
-    parser.add_argument("--timeout", type=int, default=180, help="seconds per test (180)")
-    parser.add_argument("--log", default=None, help="write each failure's output here")
+    parser.add_argument("--one-job", action="store_true",
+                        help="the whole file in one mpiexec job per N (make test)")
+    parser.add_argument("-k", default=None, help="only tests whose name contains this "
+                                                 "(one job per test)")
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds per job (default 180 per test, 600 for --one-job)")
+    parser.add_argument("--log", default=None, help="write the failures' output here")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print pytest's report of each --one-job job (printed anyway "
+                             "when it fails)")
     args = parser.parse_args(argv)
-    source = os.environ.get("HOROVOD_SOURCE")
-    if not source:
-        print("HOROVOD_SOURCE is not set (a horovod/horovod checkout): Horovod's suite skipped")
-        return 0
-    if not os.path.isfile(os.path.join(source, SUITE)):
-        raise SystemExit(f"HOROVOD_SOURCE={source}: no {SUITE} there")
+    if args.one_job and args.k:
+        parser.error("-k runs one job per test; leave out --one-job")
+    if args.timeout is None:
+        args.timeout = 600 if args.one_job else 180
     mpiexec = os.environ.get("MPIEXEC") or os.path.join(os.path.dirname(sys.executable),
                                                         "mpiexec")
-    names = [n for n in test_names(os.path.join(source, SUITE))
-             if n not in OUT_OF_SCOPE and (args.k is None or args.k in n)]
     log = open(args.log, "w") if args.log else None
-    failed_any = False
-    for size in [int(s) for s in args.sizes.split(",")]:
-        counts, failures = {"passed": 0, "failed": 0, "skipped": 0}, []
-        skipped_here = [n for n in names if size in OUT_OF_SCOPE_AT.get(n, ((),))[0]]
-        for name in names:
-            if name in skipped_here:
-                continue
-            result, output = run_one(source, name, size, args.timeout, mpiexec)
-            counts[result] += 1
-            if result == "failed":
-                failures.append(name)
-                if log:
-                    log.write(f"===== N={size} {name}\n{output}\n")
-                    log.flush()
-        failed_any = failed_any or bool(failures)
-        print(f"N={size}: {counts['passed']} passed, {counts['failed']} failed, "
-              f"{counts['skipped']} skipped ({len(OUT_OF_SCOPE) + len(skipped_here)} out of "
-              f"scope, not run)",
-              flush=True)
-        for name in failures:
-            print(f"  failed: {name}", flush=True)
-    return 1 if failed_any else 0
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.environ.get("HOROVOD_SOURCE") or lay_out(folder)
+        if not os.path.isfile(os.path.join(source, SUITE)):
+            raise SystemExit(f"HOROVOD_SOURCE={source}: no {SUITE} there")
+        names = [n for n in test_names(os.path.join(source, SUITE))
+                 if args.k is None or args.k in n]
+        failed = False
+        for size in [int(s) for s in args.sizes.split(",")]:
+            failed = bool(run_size(source, names, size, args, mpiexec, log)) or failed
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
