@@ -34,9 +34,10 @@ $(RUN_STAMP): setup.py
 	$(PY) -m pip install -q -e '.[mpich]'
 	touch $@
 
-# The test extra includes torch (pinned: pip takes the CPU wheel) for mpitrain.torch's tests.
+# The test extra includes torch (pinned: pip takes the CPU wheel) for mpitrain.torch's tests,
+# the tensorflow extra (tensorflow-cpu, Keras 3) mpitrain.tensorflow's and mpitrain.keras's.
 $(STAMP): $(RUN_STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,tensorflow]'
 	touch $@
 
 # Fashion-MNIST: nothing if already found (--data-dir/MPITRAIN_DATA_DIR, ~/.cache/mpitrain,
