@@ -66,12 +66,12 @@ test-mpi: venv
 	done
 
 # Horovod's own test/parallel/test_torch.py (the copy in tests/horovod_suite/upstream) against
-# mpitrain.torch: the whole file in one mpiexec job per N, the tests horovod_scope.py lists
+# mpitrain.torch: the whole file in one mpiexec job per N, the tests tests/support/horovod_scope.py lists
 # skipped; a failure on any rank aborts its job (docs/pytorch.md, "Horovod's own test suite").
 test-horovod: venv
 	for n in 1 2 3; do \
 		echo "== Horovod's test_torch.py, mpiexec -n $$n"; \
-		$(TEST_ENV) MPIEXEC=$(MPIEXEC) $(PY) tests/horovod_suite/run.py --one-job --sizes $$n \
+		$(TEST_ENV) MPIEXEC=$(MPIEXEC) $(PY) -m tests.horovod_suite.run --one-job --sizes $$n \
 			--timeout $(MPI_TIMEOUT) || exit 1; \
 	done
 

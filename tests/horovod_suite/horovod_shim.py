@@ -16,7 +16,7 @@ arguments, and Muon (added to torch after the suite was written) refuses the 1-D
 parameters of its models, in Horovod as in mpitrain.
 
 In a job that runs the whole file (run.py --one-job, ``make test``), as in tests/mpi: the
-tests horovod_scope.py lists for this number of ranks are marked skipped with the reason,
+tests tests/support/horovod_scope.py lists for this number of ranks are marked skipped with the reason,
 ranks other than 0 print no report, and a failure on any rank prints that rank's report and
 aborts the job (the other ranks may be waiting in a collective the failing rank will never
 join).
@@ -33,7 +33,7 @@ import torch
 from mpi4py import MPI
 
 import mpitrain.torch
-from horovod_scope import why_not
+from tests.support.horovod_scope import why_not
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -91,7 +91,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The tests out of scope at this number of ranks are skipped, naming why
-    (horovod_scope.py)."""
+    (tests/support/horovod_scope.py)."""
     for item in items:
         why = why_not(item.name, SIZE)
         if why is not None:

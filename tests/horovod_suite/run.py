@@ -1,12 +1,12 @@
 """Run Horovod's own ``test/parallel/test_torch.py`` against mpitrain.torch.
 
-    python tests/horovod_suite/run.py [--sizes 1,2,3] [--one-job] [-k WORD] [--log FILE]
+    python -m tests.horovod_suite.run [--sizes 1,2,3] [--one-job] [-k WORD] [--log FILE]
 
 The suite is the copy kept in ``upstream/`` (Horovod at commit 2626dc87, unchanged: NOTICE),
 or a checkout of github.com/horovod/horovod named by HOROVOD_SOURCE. The copy's files end in
 ``.vendored`` so that no tool takes them for this repository's code (pyflakes, pytest's
 collection); they are laid out as a checkout in a temporary folder to run.
-horovod_shim.py makes ``horovod.torch`` mpitrain.torch. The tests horovod_scope.py lists for
+horovod_shim.py makes ``horovod.torch`` mpitrain.torch. The tests tests/support/horovod_scope.py lists for
 a number of ranks (docs/pytorch.md, "Horovod's own test suite") are not run.
 
 Two ways to run, for each N of ``--sizes``, each job under a timeout:
@@ -33,8 +33,7 @@ SUITE = os.path.join("test", "parallel", "test_torch.py")
 VENDORED = os.path.join(HERE, "upstream")
 FILES = (SUITE, os.path.join("test", "utils", "common.py"))
 
-sys.path.insert(0, HERE)
-from horovod_scope import why_not  # noqa: E402
+from tests.support.horovod_scope import why_not
 
 
 def test_names(path):

@@ -22,8 +22,8 @@ def _dry_run(target):
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_run_installs_only_what_running_needs():
     run, test = _dry_run("run"), _dry_run("test")
-    assert "-e '.[mpich]'" in run and ".[test]" not in run
-    assert "-e '.[test]'" in test
+    assert "-e '.[mpich]'" in run and ".[test" not in run and "tensorflow" not in run
+    assert "-e '.[test,tensorflow]'" in test
 
 
 def test_the_readme_gives_the_two_set_up_commands():
