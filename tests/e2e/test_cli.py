@@ -222,7 +222,6 @@ BAD = {
     "infinite weight decay": (["--weight-decay", "inf"], "--weight-decay inf: must be a finite"),
     "infinite warm-up": (["--warmup-epochs", "inf"], "--warmup-epochs inf: must be a finite"),
     "negative --nonfinite-steps": (["--nonfinite-steps", "-1"], "--nonfinite-steps -1"),
-    "sharding not built": (["--sharding", "parameters"], "--sharding parameters: "),
     "sharding weights": (["--sharding", "optimizer", "--average", "weights"],
                          "has no gradients to shard"),
     "model too large for memory": (["--hidden", "1000000000000"],
