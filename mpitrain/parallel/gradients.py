@@ -30,6 +30,10 @@ from mpitrain.parallel.strategy import Strategy
 OVERLAP_BUCKET_BYTES = 4 * 1024 * 1024
 
 
+# the name of the gradients' average (a joined rank serving a sharded step looks for it)
+GRADIENTS = "DistributedOptimizer.gradients"
+
+
 class Compressor:
     """A built-in compression: ``wire_dtype(dtype)`` is the dtype sent for arrays of ``dtype``.
 
@@ -116,7 +120,7 @@ class GradientAveraging(Strategy):
         f = opt.gradient_predivide_factor
         self.buckets = comm.bucket_allreduce(
             opt.process_set, [(tuple(g.shape), g.dtype) for g in grads],
-            opt.fusion_threshold_bytes, opt.op, 1.0 / f, f, "DistributedOptimizer.gradients",
+            opt.fusion_threshold_bytes, opt.op, 1.0 / f, f, GRADIENTS,
             wire_dtypes=wire)
         return self.buckets
 
@@ -215,7 +219,7 @@ class GradientAveraging(Strategy):
     def grouped_allreduce(self, arrays):
         opt = self.opt
         f = opt.gradient_predivide_factor
-        comm.grouped_allreduce_(arrays, op=opt.op, name="DistributedOptimizer.gradients",
+        comm.grouped_allreduce_(arrays, op=opt.op, name=GRADIENTS,
                                        prescale_factor=1.0 / f, postscale_factor=f,
                                        fusion_threshold_bytes=opt.fusion_threshold_bytes,
                                        process_set=opt.process_set)

@@ -48,10 +48,12 @@ from mpitrain import comm
 from mpitrain.nn.clip import scale_to
 from mpitrain.nn.exact_sum import SquareSum
 from mpitrain.parallel.deterministic import DeterministicGradients
-from mpitrain.parallel.gradients import Compressor, GradientAveraging
+from mpitrain.parallel.gradients import GRADIENTS, Compressor, GradientAveraging
 from mpitrain.timeline import current as current_timeline
 
 SHARDINGS = ("none", "optimizer", "gradients", "parameters")
+# the names of the step's allgather of shares and of the clipping norm's allreduce
+STEP_SHARES, CLIP = "DistributedOptimizer.sharded", "DistributedOptimizer.clip"
 
 
 def check_mode(sharding, average, deterministic, clip_grad_norm=None):
@@ -253,7 +255,7 @@ class ShardedStep:
             # round by round, straight into the parameters
             for index in range(len(self.share_rounds())):
                 self.place_round(index, comm.allgather_shares(
-                    self.round_share(index), name="DistributedOptimizer.sharded",
+                    self.round_share(index), name=STEP_SHARES,
                     process_set=opt.process_set))
         opt.comm_time_s += time.perf_counter() - start
 
@@ -415,7 +417,7 @@ class GradientSharding(OptimizerSharding):
             f = opt.gradient_predivide_factor
             self.scatter = comm.bucket_reduce_scatter(
                 ps, specs, opt.fusion_threshold_bytes, opt.op, 1.0 / f, f,
-                "DistributedOptimizer.gradients", wire_dtypes=self.wire, arrival=self.arrival,
+                GRADIENTS, wire_dtypes=self.wire, arrival=self.arrival,
                 agree_each=self.gathers_in_backward)
             n = len(params)
             param_of = [n - 1 - i for i in range(n)] if self.arrival else list(range(n))
@@ -483,7 +485,7 @@ class GradientSharding(OptimizerSharding):
             super().clip()
             return
         self.clip_from(comm.allreduce(self.clip_partial(), op=comm.Sum,
-                                      name="DistributedOptimizer.clip",
+                                      name=CLIP,
                                       process_set=opt.process_set))
 
     def clip_partial(self):

@@ -21,14 +21,13 @@ gradients, bit for bit the unsharded run's with the same join; and the joined ra
 with sharded optimizer state or gradients every parameter, stay the active ranks'.
 """
 from mpitrain.parallel import parameter_sharding, sharded
+from mpitrain.parallel.gradients import GRADIENTS
+from mpitrain.parallel.sharded import CLIP, STEP_SHARES
 
-# the collectives' kinds (comm's Kind values) and names
+# the collectives' kinds (comm's Kind values)
 STEP, BUCKETS, BUCKET, GROUPED, ALLREDUCE, SHARES = (
     "DistributedOptimizer.step", "allreduce buckets", "allreduce bucket", "grouped_allreduce",
     "allreduce", "allgather_shares")
-GRADIENTS = "DistributedOptimizer.gradients"
-CLIP = "DistributedOptimizer.clip"
-STEP_SHARES = "DistributedOptimizer.sharded"
 
 
 class ShareServer:
