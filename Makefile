@@ -19,6 +19,7 @@ TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
 .PHONY: venv venv-run run test test-unit test-mpi test-horovod test-cuda-sim test-e2e test-gpu \
+	test-cluster \
 	gpu-check bench \
 	data lint loc \
 	clean
@@ -52,7 +53,7 @@ data: venv-run
 run: venv-run data
 	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
 
-test: test-unit test-mpi test-horovod test-cuda-sim test-e2e
+test: test-unit test-mpi test-horovod test-cuda-sim test-e2e test-cluster
 
 test-unit: venv
 	$(TEST_ENV) $(PYTEST) tests/unit
@@ -78,6 +79,14 @@ test-horovod: venv
 # End-to-end: tests that launch `mpiexec ... python -m mpitrain` themselves (each under a timeout).
 test-e2e: venv
 	$(TEST_ENV) MPIEXEC=$(MPIEXEC) $(PYTEST) tests/e2e
+
+# Hosts in network namespaces on this machine, a bridge between them and tc shaping its links
+# (tests/support/netns_hosts.py, docs/launching.md "Two hosts on one machine"); needs root and
+# iproute2, installed here when missing. Without them every test skips with one line.
+test-cluster: venv
+	@command -v ip >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get update -qq || true; } && apt-get install -y -qq iproute2; } || true
+	$(TEST_ENV) MPIEXEC=$(MPIEXEC) timeout -k 10 1200 $(PYTEST) tests/cluster
 
 test-cuda-sim: venv
 	$(TEST_ENV) NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
