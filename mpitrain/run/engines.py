@@ -32,6 +32,8 @@ BLAME = (
     (re.compile(r"missing ranks \[(\d+)"), None, 1),                       # the stall watchdog
     (re.compile(r"process rank (\d+) with PID \d+ on node (\S+)"), 2, 1),  # Open MPI
     (re.compile(r"^srun: error: ([^:\s]+): tasks? (\d+)"), 1, 2),          # Slurm
+    (re.compile(r"^ssh: connect to host (\S+) port \d+"), 1, None),        # a host down
+    (re.compile(r"^ssh: Could not resolve hostname ([^:\s]+)"), 1, None),   # a host gone
 )
 
 

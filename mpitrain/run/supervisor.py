@@ -10,7 +10,12 @@
                         rank rather than this launcher; not counted as a failure
     anything else       a failure: the hosts named in the failure report get a strike (one
                         too many: blacklisted), then a restart after a backoff (--restart-delay,
-                        doubled each time, at most MAX_DELAY_S), until --max-restarts is spent
+                        doubled each time, at most MAX_DELAY_S), until --max-restarts is spent.
+                        With several hosts, each is first probed with one rank of ``true``
+                        (in parallel, PROBE_TIMEOUT_S): where some cannot run it, they alone
+                        get the strike -- a host that died whole (no word from it, its link
+                        gone) leaves the ranks on the others to crash, and the failure
+                        report then names those survivors
 
 Every launch gets MPITRAIN_CHECKPOINT_PROBE, a file that a job which reads its checkpoints
 creates (mt.checkpoint.load_latest, python -m mpitrain with --checkpoint-dir:
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from mpitrain.run import engines
 from mpitrain.run.hosts import Blacklist, LaunchError, discover, placement, take
@@ -46,6 +52,7 @@ EXIT_BELOW_MIN = 3           # fewer usable slots than --min-np
 MAX_DELAY_S = 60.0
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 TAIL_LINES = 400             # output lines kept per launch to find who failed
+PROBE_TIMEOUT_S = 30         # a host that cannot start one rank of `true` in this is down
 
 
 class Supervisor:
@@ -139,11 +146,31 @@ class Supervisor:
         if hosts is None:
             return
         blamed, ranks = engines.blame(lines, placement(hosts, n))
+        down = self.unreachable(hosts) if len(hosts) > 1 else []
+        if down:
+            self.say(f"{', '.join(down)} cannot start a rank: "
+                     f"{'it is' if len(down) == 1 else 'they are'} taken for the failure")
+            blamed = down
         for host in blamed:
             if self.blacklist.fail(host):
                 self.say(f"blacklisting host {host} after {self.s.blacklist_after} failure(s)")
         if self.s.verbose and (blamed or ranks):
             self.say(f"failed: ranks {ranks or '?'} on hosts {blamed or '?'}")
+
+    def unreachable(self, hosts):
+        """The ``hosts`` where the launcher cannot start one rank of ``true``."""
+        def starts(host):
+            argv = engines.command(self.engine, 1, [(host, 1)], ["true"], self.s.mpi_args,
+                                   (), self.s.mpiexec)
+            try:
+                return subprocess.run(argv, env=self.env, capture_output=True,
+                                      timeout=PROBE_TIMEOUT_S).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            ok = list(pool.map(starts, [host for host, _ in hosts]))
+        return [host for (host, _), up in zip(hosts, ok) if not up]
 
     def launch(self, hosts, n, restarts):
         """Run one launch to its end: (exit code, the last output lines)."""

@@ -11,9 +11,14 @@ from mpitrain.run import cli
 FAKE = textwrap.dedent("""\
     #!{python}
     # A stand-in mpiexec: logs its argv and MPITRAIN_RESTART_COUNT, then plays the next entry
-    # of the plan: [exit code, lines to print on stderr].
+    # of the plan: [exit code, lines to print on stderr]. A probe (one rank of `true`) fails
+    # on the hosts down.json lists and is not logged.
     import json, os, sys
     here = os.path.dirname(os.path.abspath(__file__))
+    if sys.argv[-1] == "true":
+        down = os.path.join(here, "down.json")
+        host = sys.argv[sys.argv.index("-hosts") + 1].split(":")[0]
+        sys.exit(os.path.exists(down) and host in json.load(open(down)))
     log = os.path.join(here, "log.jsonl")
     with open(log, "a") as f:
         f.write(json.dumps({{"argv": sys.argv[1:],
@@ -75,6 +80,21 @@ def test_a_failing_host_is_blacklisted_and_the_job_shrinks(tmp_path, capsys):
     assert argv[0][:4] == argv[1][:4] == ["-n", "4", "-hosts", "a:2,b:2"]
     assert argv[2] == ["-n", "2", "-hosts", "a:2", "-launcher", "fork", "prog", "--flag"]
     assert "blacklisting host b after 2 failure(s)" in capsys.readouterr().err
+
+
+def test_a_host_that_cannot_start_a_rank_is_blamed_not_the_survivors(tmp_path, capsys):
+    """b died whole: only a's ranks report (they crashed for the lost peers); the probe finds
+    b down, so b takes the strike and the job goes on on a."""
+    (tmp_path / "down.json").write_text(json.dumps(["b"]))
+    died = [11, ["=   PID 1234 RUNNING AT a", "=   EXIT CODE: 11"]]
+    code = run(tmp_path, [died, [0, []]], "-H", "a:2,b:2", "--min-np", "2",
+               "--max-restarts", "1", "--blacklist-after", "1")
+    assert code == 0
+    argv = [s["argv"] for s in launches(tmp_path)]
+    assert argv[1][:4] == ["-n", "2", "-hosts", "a:2"]
+    err = capsys.readouterr().err
+    assert "mpitrainrun: b cannot start a rank: it is taken for the failure" in err
+    assert "blacklisting host b after 1 failure(s)" in err and "host a" not in err
 
 
 def test_below_min_np_after_blacklisting_stops_with_one_line(tmp_path, capsys):
