@@ -24,6 +24,7 @@ from mpitrain.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    rocm_built, shutdown, size, start_timeline, stop_timeline)
 from mpitrain.torch.broadcast import broadcast_optimizer_state, broadcast_parameters
 from mpitrain.torch.compression import Compression
+from mpitrain.torch.deterministic import micro_shards
 from mpitrain.torch.ops import (Adasum, Average, Handle, Max, Min, Product, SparseHandle, Sum,
                                 allgather, allgather_async, allgather_object, allreduce,
                                 allreduce_, allreduce_async, allreduce_async_, alltoall,
@@ -66,5 +67,5 @@ __all__ = [
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "start_timeline", "stop_timeline",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
-    "Compression", "SyncBatchNorm", "ZeroRedundancyOptimizer",
+    "Compression", "SyncBatchNorm", "ZeroRedundancyOptimizer", "micro_shards",
 ]

@@ -44,6 +44,15 @@ def init(comm=None, process_sets=None, threads=0, **kwargs):
     ``torch.set_num_threads`` called before, else OMP_NUM_THREADS, else cores / local ranks;
     None: leave the pools as they are), applied again when mpitrain is already initialised.
     Other keywords go to ``mt.init``.
+
+    Deterministic training (``DistributedOptimizer(..., deterministic=True)`` with the batches of
+    ``micro_shards``: the same bits for any power-of-two number of ranks) also needs what no
+    optimizer can set for you, on every rank, before the model is built:
+    ``torch.use_deterministic_algorithms(True)`` (on CUDA also CUBLAS_WORKSPACE_CONFIG=:4096:8
+    in the environment), and one fixed torch thread count for every N -- ``threads=1`` here,
+    or the same ``threads=n`` at every N -- since a CPU reduction's blocking follows the thread
+    count; the same dtype, model code and torch version at every N; the same global batch on
+    every rank. The optimizer refuses what it can check (see DistributedOptimizer).
     """
     first = not mtcomm.is_initialized()
     mtcomm.init(comm, threads=threads, **kwargs)

@@ -42,7 +42,11 @@ DistributedOptimizer (parallel/) does the averaging through the adapter (adapter
 - ``sharding="gradients"``: as "optimizer", the buckets reduce-scattered instead of allreduced
   and each averaged gradient kept by its parameter's owner only (``p.grad`` None for the
   others; sharding.GradientShards); ``clip_grad_norm_`` clips by the whole gradients' norm;
-- ``memory_bytes()``: the bytes this rank holds for parameters, gradients and optimizer state.
+- ``memory_bytes()``: the bytes this rank holds for parameters, gradients and optimizer state;
+- ``deterministic=True`` (deterministic.py): each backward pass is one micro-shard's leaf of
+  the engine's fixed tree, summed across ranks as the step's last pass ends and divided by
+  the number of micro-shards; BatchNorm running statistics are replayed in micro-shard order at
+  ``step()``: the same bits for any power-of-two N.
 """
 import contextlib
 import warnings
@@ -55,6 +59,8 @@ from mpitrain.parallel.optimizer import DistributedOptimizer as ArrayDistributed
 from mpitrain.torch import sparse
 from mpitrain.torch.adapter import TorchOptimizer, TorchParameter
 from mpitrain.torch.compression import Compression, builtin, is_compression
+from mpitrain.torch.deterministic import (DeterministicParameter, batchnorm_replay,
+                                          check_arguments as check_deterministic)
 from mpitrain.torch.ops import allgather_object
 from mpitrain.torch.sharding import (GradientShards, Partition, check_groups, check_rank,
                                      memory_bytes)
@@ -95,7 +101,7 @@ class DistributedMixin:
 
     def setup(self, named_parameters, compression, backward_passes_per_step, op,
               gradient_predivide_factor, process_set, sparse_as_dense, overlap,
-              fusion_threshold_bytes, sharding="none"):
+              fusion_threshold_bytes, sharding="none", deterministic=False):
         self.mt_named = None if named_parameters is None else list(named_parameters)
         self.mt_arguments = dict(
             compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
@@ -118,6 +124,10 @@ class DistributedMixin:
         self.mt_undecided = False    # which gradients are sparse is agreed after the first pass
         self.mt_held = []            # the first pass's reports, held until then (sparse.py)
         self.mt_held_queued = False
+        # deterministic=True: the micro-shards per step (N x k) and the BatchNorm replay
+        self.mt_deterministic = bool(deterministic)
+        self.mt_micro_shards = None
+        self.mt_replay = None
         self.mt_build()
 
     def mt_build(self, extend_names=False):
@@ -138,7 +148,9 @@ class DistributedMixin:
                 raise ValueError(f"{self.mt_who}: parameter {names[id(p)]!r} is "
                                  f"bfloat16, which the gradient buckets do not carry; keep "
                                  f"float32 parameters (torch.autocast computes in bfloat16)")
-        adapters = [TorchParameter(p, names[id(p)], arguments["sparse_as_dense"])
+        deterministic = self.mt_deterministic
+        adapter = DeterministicParameter if deterministic else TorchParameter
+        adapters = [adapter(p, names[id(p)], arguments["sparse_as_dense"] or deterministic)
                     for p in params]
         self.mt_adapters = adapters
         self.mt_undecided = False
@@ -154,14 +166,22 @@ class DistributedMixin:
         wire = builtin(compression)
         if process_set.included() is False:
             return
-        self.mt_undecided = not arguments["sparse_as_dense"]
+        self.mt_undecided = not (arguments["sparse_as_dense"] or deterministic)
+        # deterministic: the engine sums the leaves in its tree (op Sum); average() divides
+        # the sum by the number of micro-shards, once
         self.mt_optimizer = ArrayDistributedOptimizer(
             self.mt_inner, named_parameters=[(a.name, a) for a in adapters],
             compression=wire if wire is not None else TensorCompressor(compression),
-            op=arguments["op"], gradient_predivide_factor=arguments["gradient_predivide_factor"],
+            op=comm.Sum if deterministic else arguments["op"],
+            gradient_predivide_factor=arguments["gradient_predivide_factor"],
             backward_passes_per_step=arguments["backward_passes_per_step"],
             process_set=process_set, overlap=arguments["overlap"],
-            fusion_threshold_bytes=arguments["fusion_threshold_bytes"])
+            fusion_threshold_bytes=arguments["fusion_threshold_bytes"],
+            deterministic=deterministic)
+        if deterministic:
+            passes = arguments["backward_passes_per_step"]
+            self.mt_micro_shards = comm.group_size(process_set) * passes
+            self.mt_replay = batchnorm_replay(params, process_set, passes)
         if self.mt_sharding == "gradients":
             # the buckets reduce-scattered, each gradient kept by its parameter's owner only
             self.mt_optimizer.strategy = GradientShards(
@@ -230,6 +250,10 @@ class DistributedMixin:
         self.device_barrier()
         try:
             self.mt_optimizer.synchronize()
+            if self.mt_micro_shards is not None:      # the tree's sum over M micro-shards
+                with torch.no_grad():
+                    for a in adapters:
+                        a.tensor.grad.mul_(1.0 / self.mt_micro_shards)      # exact: 1/2**j
         finally:
             sparse.restore(adapters)
         sparse.average(adapters, self.mt_arguments["op"], self.process_set, self.mt_who)
@@ -271,11 +295,19 @@ class DistributedMixin:
                           "optimizer.skip_synchronize() context if you use "
                           "optimizer.synchronize() in your code.")
         self.called_synchronize = False
-        if not self.skipping:
-            self.average()                   # unless backward's end did (both kinds)
-        self.device_barrier()
-        result = []
-        self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
+        replay = self.mt_replay
+        try:
+            if not self.skipping:
+                self.average()                   # unless backward's end did (both kinds)
+            self.device_barrier()
+            result = []
+            self.mt_optimizer.step(update=lambda: result.append(self.inner_step(*args)))
+        except BaseException:
+            if replay is not None:
+                replay.drop()                    # the running statistics of the step's start
+            raise
+        if replay is not None:
+            replay.end_step()                    # BatchNorm statistics in micro-shard order
         if self.mt_partition is not None:
             self.device_barrier()
             self.mt_partition.distribute()       # every rank's updated parameters to all
@@ -286,6 +318,8 @@ class DistributedMixin:
         if self.mt_optimizer is None:
             return self.inner_zero_grad(set_to_none)
         self.mt_optimizer.zero_grad(inner=lambda: self.inner_zero_grad(set_to_none))
+        if self.mt_replay is not None:
+            self.mt_replay.drop()
         for a in self.mt_adapters:
             a.densified = 0
 
@@ -461,7 +495,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=comm.Average,
                          gradient_predivide_factor=1.0, process_set=comm.global_process_set,
                          sparse_as_dense=False, overlap=True, fusion_threshold_bytes=None,
-                         sharding="none"):
+                         sharding="none", deterministic=False):
     """Wrap a ``torch.optim.Optimizer`` so that N replicas train as one model.
 
     The result is an instance of a subclass of the optimizer's class sharing its param_groups
@@ -480,8 +514,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``opt.clip_grad_norm_``, not torch's function. "parameters" is not available here yet.
     Sparse gradients (``nn.Embedding(sparse=True)``) are gathered, not reduced, unless
     ``sparse_as_dense=True`` (sparse.py); "gradients" sharding refuses them.
+    ``deterministic=True`` (deterministic.py): bitwise the same parameters, buffers and
+    optimizer state for any power-of-two N, with the batches of ``hvd.micro_shards``: each of the
+    ``backward_passes_per_step`` k passes runs on one micro-shard and is one leaf of a fixed
+    tree over the M = N x k micro-shards; ``p.grad`` is then the leaves' sum divided by M
+    (do not scale the loss by 1/k); BatchNorm running statistics are replayed in micro-shard
+    order at ``step()``. It refuses compression, a predivide factor, op other than Average,
+    sharding, and k or N not a power of two (a ValueError, the same on every rank).
     """
     check_sharding(sharding)
+    if deterministic:
+        check_deterministic(compression, op, gradient_predivide_factor,
+                            backward_passes_per_step, process_set, sharding)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -493,7 +537,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped.__dict__.update(optimizer.__dict__)        # the same param_groups, state, hooks
     wrapped.setup(named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, process_set, sparse_as_dense, overlap,
-                  fusion_threshold_bytes, sharding)
+                  fusion_threshold_bytes, sharding, deterministic)
     return wrapped
 
 
