@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 
 from mpitrain.kernels.checks import flat, sizes_match
-from mpitrain.kernels.cpu import half
+from mpitrain.kernels.cpu import bfloat16, half
 
 
 def empty(shape, dtype=np.float32):
@@ -105,9 +105,13 @@ def add(dst, src):
 
 
 def cast(dst, src):
-    """dst[...] = src in dst's dtype; float32 <-> float16 (the fp16 compression) in Numba."""
+    """dst[...] = src in dst's dtype; float32 <-> float16 (the fp16 compression) and float32 <->
+    bfloat16.BFLOAT16 (the bf16 one) in Numba."""
     sizes_match(src, dst)
     d, s = flat(dst, "dst"), flat(src, "src")
+    if d.dtype == bfloat16.BFLOAT16 or s.dtype == bfloat16.BFLOAT16:
+        _cast_bfloat16(d, s)
+        return
     if d.dtype == np.float16 and s.dtype == np.float32:
         half.from_float32(d.view(np.uint16), s.view(np.uint32))
     elif d.dtype == np.float32 and s.dtype == np.float16:
@@ -116,6 +120,18 @@ def cast(dst, src):
         _copy(d.view(np.uint16), s.view(np.uint16))
     else:
         np.copyto(d, s, casting="unsafe")
+
+
+def _cast_bfloat16(d, s):
+    if d.dtype == s.dtype:
+        _copy(d.view(np.uint16), s.view(np.uint16))
+    elif s.dtype == np.float32:
+        bfloat16.from_float32(d.view(np.uint16), s.view(np.uint32))
+    elif d.dtype == np.float32:
+        bfloat16.to_float32(d.view(np.uint32), s.view(np.uint16))
+    else:
+        raise TypeError(f"cast: bfloat16 converts to and from float32 only, not {d.dtype} <- "
+                        f"{s.dtype}")
 
 
 def total(a):
@@ -162,5 +178,7 @@ def reduce_into(dst, src, op):
     """
     if dst.dtype == np.float16:
         half.REDUCE[op](dst.view(np.uint16), src.view(np.uint16))
+    elif dst.dtype == bfloat16.BFLOAT16:
+        bfloat16.reduce_into(dst, src, op)
     else:
         _REDUCE_NUMBA[op](dst, src)

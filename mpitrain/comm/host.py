@@ -109,7 +109,8 @@ def allreduce_checked(state, family, kind, a, err, op, name, prescale, postscale
         return out
     # Checked on the host: the plan this call leaves for the next identical one does the work
     # (same message, same bits); small enough, the data ride in the check's own message.
-    inline = fields["path"] == "auto" and pre == 1.0 and a.nbytes <= check.INLINE_BYTES
+    inline = (fields["path"] == "auto" and pre == 1.0 and a.nbytes <= check.INLINE_BYTES
+              and a.dtype.kind != "V")                # bfloat16 bits: not NumPy's ufuncs
     key = (Kind.ALLREDUCE, op.value, a.shape, a.dtype.char, name, pre, post, fields["path"])
     plan = _Plan(state, agreement, fields, key, a, op, pre, post, inline)
     src = out if out.flags.c_contiguous else np.ascontiguousarray(out)

@@ -46,6 +46,7 @@ from mpitrain.comm.engine import allreduce_flat, reduce_scatter_flat
 from mpitrain.comm.kinds import Kind
 from mpitrain.comm.ops import Average, Max, Min, Product, Sum, as_op
 from mpitrain.comm.process_sets import global_process_set, world_of
+from mpitrain.kernels.cpu import bfloat16
 
 
 def join(device=-1, process_set=global_process_set, optimizers=()):
@@ -128,7 +129,9 @@ def _neutral(shape, dtype, op):
     """An array of the identity of ``op``: what a rank without data contributes."""
     dtype = np.dtype(dtype)
     if op in (Sum, Average):
-        return np.zeros(shape, dtype)
+        return np.zeros(shape, dtype)                       # bfloat16's zero bits too
+    if dtype.kind == "V":                                    # bfloat16 bits (ops.WIRE_ONLY)
+        return bfloat16.encode(_neutral(shape, np.float32, op))
     if op is Product:
         return np.ones(shape, dtype)
     floats = dtype.kind == "f"

@@ -10,9 +10,14 @@ import math
 import numpy as np
 from mpi4py import MPI
 
+from mpitrain.kernels.cpu.bfloat16 import BFLOAT16
+
 DTYPES = tuple(np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64",
                                      "float16", "float32", "float64"))
 DTYPE_SET = frozenset(DTYPES)              # hashed lookup: cheaper than 8 dtype comparisons
+# The bf16 compression's wire dtype (kernels/cpu/bfloat16.py): bfloat16 bits, reduced in float32.
+# Host arrays only, and not one of DTYPES: no user tensor has it.
+WIRE_ONLY = frozenset([BFLOAT16])
 
 
 class ReduceOp(enum.Enum):
@@ -35,9 +40,9 @@ MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
 def mpi_can_reduce(dtype):
-    """Whether MPI's own reductions take ``dtype``: not float16, which MPI has no type for (our
-    ring reduces it with its own kernels). The one place this is decided."""
-    return np.dtype(dtype) != np.float16
+    """Whether MPI's own reductions take ``dtype``: not float16 or bfloat16, which MPI has no type
+    for (our ring reduces them with its own kernels). The one place this is decided."""
+    return np.dtype(dtype) != np.float16 and np.dtype(dtype) != BFLOAT16
 UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
 
@@ -60,7 +65,7 @@ def as_array(x, kind, in_place=False, min_ndim=0):
         a = x if isinstance(x, np.ndarray) else np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is a bad argument
         return None, f"{kind}: cannot convert {type(x).__name__} to an array ({exc})"
-    if a.dtype not in DTYPE_SET:
+    if a.dtype not in DTYPE_SET and a.dtype not in WIRE_ONLY:
         names = ", ".join(d.name for d in DTYPES)
         return None, f"{kind}: dtype {a.dtype} is not supported; use one of {names}"
     if in_place and not a.flags.writeable:
@@ -72,7 +77,8 @@ def as_array(x, kind, in_place=False, min_ndim=0):
 
 def integer_average(dtype, op):
     """True for an Average of integers: a float64 mean out of place, an error in place."""
-    return np.dtype(dtype).kind != "f" and as_op(op, "")[0] is Average
+    return (np.dtype(dtype).kind != "f" and np.dtype(dtype) != BFLOAT16
+            and as_op(op, "")[0] is Average)
 
 
 def integer_average_error(kind, dtype):

@@ -22,6 +22,8 @@ import numpy as np
 
 from mpitrain.parallel import autotune, report
 from mpitrain import comm
+from mpitrain.kernels.cpu import bfloat16
+from mpitrain.kernels.cpu.bfloat16 import BFLOAT16
 from mpitrain.timeline import current as current_timeline
 from mpitrain.parallel.strategy import Strategy
 
@@ -51,9 +53,13 @@ class Compressor:
 
     def compress(self, array):
         wire = self.wire_dtype(array.dtype)
+        if wire == BFLOAT16:
+            return bfloat16.encode(array), array.dtype
         return (array if wire == array.dtype else array.astype(wire)), array.dtype
 
     def decompress(self, array, ctx):
+        if array.dtype == BFLOAT16:
+            return bfloat16.decode(array).astype(ctx, copy=False)
         return array if array.dtype == ctx else array.astype(ctx)
 
     def __repr__(self):
@@ -62,7 +68,14 @@ class Compressor:
 
 class Compression:
     """``none``: gradients travel as they are; ``fp16``: float32 travels as float16 (half the bytes,
-    ~3 significant digits; restored to float32 after the average).
+    ~3 significant digits; restored to float32 after the average); ``bf16``: float32 travels as
+    bfloat16 (half the bytes, float32's range, ~2-3 significant digits; host arrays).
+
+    bf16's wire: NumPy has no bfloat16, so the arrays on the wire hold the bits, the upper half of
+    each float32 rounded to nearest even (kernels/cpu/bfloat16.py's BFLOAT16, a 2-byte dtype that
+    no check takes for uint16). The ring adds them as it adds float16: each hop widens both
+    operands to float32 (exact), adds, and rounds once back to bfloat16; Average's 1/N likewise.
+    So the sum is the one a bfloat16 ufunc would give, and only 2-byte words cross the links.
 
     Any other object with Horovod's protocol is accepted too (a class with static methods, as in
     Horovod, or an instance): ``compress(array) -> (wire_array, ctx)`` on each gradient,
@@ -74,10 +87,12 @@ class Compression:
 
     none = Compressor("none", {})
     fp16 = Compressor("fp16", {np.dtype(np.float32): np.dtype(np.float16)})
+    bf16 = Compressor("bf16", {np.dtype(np.float32): BFLOAT16})
 
 
 def is_compressor(obj):
-    """True for mt.Compression.none/.fp16 and any object with compress() and decompress()."""
+    """True for mt.Compression.none/.fp16/.bf16 and any object with compress() and
+    decompress()."""
     return (isinstance(obj, Compressor) or (callable(getattr(obj, "compress", None))
                                             and callable(getattr(obj, "decompress", None))))
 
@@ -180,6 +195,9 @@ class GradientAveraging(Strategy):
             self.average_with_compressor(compression, grads, kernels)
             return
         if self.wire is None:
+            if compression is Compression.bf16 and comm.on_device(grads[0]):
+                raise ValueError("mt.Compression.bf16 compresses host arrays; on the GPU use "
+                                 "mt.Compression.fp16")
             self.wire = [None if compression.wire_dtype(g.dtype) == g.dtype
                          else kernels.empty(tuple(g.shape), compression.wire_dtype(g.dtype))
                          for g in grads]

@@ -1,7 +1,8 @@
 """Gradient and allreduce compression on tf.Tensors (horovod.tensorflow's ``Compression``).
 
 ``Compression.none`` leaves tensors as they are; ``Compression.fp16`` sends floating-point
-tensors as float16 (half the bytes, about three significant digits) and casts the result back.
+tensors as float16 (half the bytes, about three significant digits) and casts the result back;
+``Compression.bf16`` sends float32 as bfloat16.
 Any object with Horovod's two static methods works wherever a compression is taken:
 ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
 """
@@ -35,8 +36,25 @@ class FP16Compressor:
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
+class BF16Compressor:
+    """float32 tensors travel as bfloat16 (TensorFlow's cast: round to nearest even) and come
+    back as float32."""
+
+    @staticmethod
+    def compress(tensor):
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype == tf.float32:
+            return tf.cast(tensor, tf.bfloat16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
 class Compression:
-    """``Compression.none`` and ``Compression.fp16`` (Horovod's names)."""
+    """``Compression.none``, ``Compression.fp16`` (Horovod's names) and ``Compression.bf16``."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor
