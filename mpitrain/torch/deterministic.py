@@ -34,6 +34,7 @@ What the user sets (hvd.init's docstring): ``torch.use_deterministic_algorithms(
 same, fixed torch thread count for every N (a reduction's blocking follows the thread count).
 ``check_arguments`` refuses what breaks the promise.
 """
+import numbers
 import weakref
 
 import numpy as np
@@ -44,6 +45,7 @@ from mpitrain.torch.adapter import TorchParameter
 from mpitrain.torch.compression import Compression
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+IDLE = object()         # a LayerRecord's momentum outside a recording forward
 
 
 def check_arguments(compression, op, gradient_predivide_factor, backward_passes_per_step,
@@ -66,7 +68,7 @@ def check_arguments(compression, op, gradient_predivide_factor, backward_passes_
         raise ValueError(f"{who} refuses sharding={sharding!r}: the torch front end's "
                          f"deterministic mode averages unsharded (sharding='none')")
     k = backward_passes_per_step
-    if isinstance(k, bool) or not isinstance(k, int) or not comm.is_power_of_two(k):
+    if not is_count(k) or not comm.is_power_of_two(int(k)):
         raise ValueError(f"{who} needs backward_passes_per_step a power of two (1, 2, 4, ...), "
                          f"got {k!r}: M = N x backward_passes_per_step micro-shards are the "
                          f"leaves of one binary tree")
@@ -75,6 +77,12 @@ def check_arguments(compression, op, gradient_predivide_factor, backward_passes_
         raise ValueError(f"{who} needs a power-of-two number of ranks (1, 2, 4, 8, ...), got "
                          f"{size}: the fixed reduction tree splits the micro-shards evenly in "
                          f"halves")
+
+
+def is_count(value):
+    """An integer >= 1 (a Python or NumPy one, not a bool)."""
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and int(value) >= 1)
 
 
 class DeterministicParameter(TorchParameter):
@@ -121,12 +129,12 @@ def micro_shards(*tensors, micro_shards, seed=0, step=0, process_set=comm.global
     (and any other draw of the pass) are those of micro-shard j whatever N is. ValueError (the
     same on every rank) for a bad count or shape."""
     m = micro_shards
-    if isinstance(m, bool) or not isinstance(m, int) or not comm.is_power_of_two(m):
+    if not is_count(m) or not comm.is_power_of_two(int(m)):
         raise ValueError(f"micro_shards={m!r}: expected a power of two (1, 2, 4, ...)")
     if not tensors:
         raise ValueError("micro_shards() needs at least one tensor (the global batch)")
     for name, value in (("seed", seed), ("step", step)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not (is_count(value) or (is_count(value + 1) and value == 0)):
             raise ValueError(f"micro_shards: {name}={value!r}: expected an integer >= 0")
     if process_set.included() is False:
         raise ValueError(f"micro_shards: this rank is not in process set {process_set!r}")
@@ -134,7 +142,7 @@ def micro_shards(*tensors, micro_shards, seed=0, step=0, process_set=comm.global
     if not comm.is_power_of_two(n) or n > m:
         raise ValueError(f"micro_shards={m} over {n} ranks: the number of ranks must be a "
                          f"power of two, at most the number of micro-shards")
-    sizes = {int(t.shape[0]) if t.dim() else None for t in tensors}
+    sizes = {int(t.shape[0]) if len(t.shape) else None for t in tensors}
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"micro_shards: every tensor needs the same first dimension (the "
                          f"global batch), got {[tuple(t.shape) for t in tensors]}")
@@ -142,7 +150,8 @@ def micro_shards(*tensors, micro_shards, seed=0, step=0, process_set=comm.global
     if g % m:
         raise ValueError(f"micro_shards: a global batch of {g} samples does not split into "
                          f"{m} micro-shards of equal size")
-    return _micro_batches(tensors, m, g // m, m // n, rank, seed, step)
+    m = int(m)
+    return _micro_batches(tensors, m, g // m, m // n, rank, int(seed), int(step))
 
 
 def _micro_batches(tensors, m, b, k, rank, seed, step):
@@ -162,7 +171,7 @@ class LayerRecord:
         nbt = module.num_batches_tracked
         self.tracked = None if nbt is None else nbt.detach().clone()
         self.rows = []
-        self.momentum = None        # the module's own, during a recording forward
+        self.momentum = IDLE        # the module's own (None too), during a recording forward
         self.buffers = None         # its running buffers, aside during a recording forward
 
     def put_back(self):
@@ -222,9 +231,9 @@ class BatchNormReplay:
 
     def end(self, module):
         record = self.layers.get(module)
-        if record is None or record.momentum is None:
+        if record is None or record.momentum is IDLE:
             return
-        module.momentum, record.momentum = record.momentum, None
+        module.momentum, record.momentum = record.momentum, IDLE
         record.rows.append(torch.cat([module.running_mean.detach(),
                                       module.running_var.detach()]).cpu().double().numpy())
         record.put_back()
@@ -236,8 +245,8 @@ class BatchNormReplay:
         """Forget this step's records (zero_grad, a failed step): every layer keeps the
         running statistics of the step's start."""
         for record in self.layers.values():
-            if record.momentum is not None:          # a forward that raised
-                record.module.momentum, record.momentum = record.momentum, None
+            if record.momentum is not IDLE:          # a forward that raised
+                record.module.momentum, record.momentum = record.momentum, IDLE
             record.put_back()
             record.restore()
         self.layers = {}

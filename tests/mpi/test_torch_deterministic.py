@@ -14,6 +14,7 @@ import hashlib
 import io
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -202,22 +203,23 @@ def test_n_ranks_end_on_the_bits_of_one_and_a_resume_on_half_the_ranks(case, own
 
 
 @power_of_two
-def test_the_batchnorm_buffers_follow_the_micro_shards_in_order():
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_the_batchnorm_buffers_follow_the_micro_shards_in_order(momentum):
     """The running statistics are PyTorch's for the M micro-batches in sequence: the mean bit
     for bit, the variance (rounded by PyTorch from a float64 it does not keep) to float32's
     last bits; num_batches_tracked counts the micro-batches."""
     model, _ = train("cnn", hvd.global_process_set, stop=3)
     torch.manual_seed(3)
     xs = [torch.randn(4, 3) * 10.0 ** e for e in (-2, 0, 1, 2)]
-    bn = nn.BatchNorm1d(3)
-    ref = nn.BatchNorm1d(3)
+    bn = nn.BatchNorm1d(3, momentum=momentum)
+    ref = nn.BatchNorm1d(3, momentum=momentum)
     for x in xs:
         ref(x)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(bn.parameters(), lr=0.0),
                                    named_parameters=bn.named_parameters(),
                                    backward_passes_per_step=M // N, deterministic=True)
     opt.zero_grad()
-    for (x,) in hvd.micro_shards(torch.cat(xs), micro_shards=M):
+    for (x,) in hvd.micro_shards(torch.cat(xs), micro_shards=np.int64(M), step=np.int64(2)):
         bn(x).sum().backward()
     assert torch.equal(bn.running_mean, torch.zeros(3))     # untouched between the passes
     opt.step()
