@@ -6,8 +6,9 @@ Bottom to top (each module imports only those before it): abort, watchdog, setti
 collective kind, with what a rank that has joined does: no imports), check, handles (the comm
 thread of non-blocking collectives), world (init/shutdown and the per-communicator World),
 process_sets, build_info (what can run here), gpu (the process's GPU), ops, ring, tree,
-hierarchical, buckets, fusion, engine, host, overlap, device, collectives (the public API: host or
-device, chosen in one place), join (a rank out of data serving the others), tracing
+hierarchical, buckets, fusion, engine, host, overlap, device, adasum (op=Adasum: the pairwise
+combination over one checked allgather), collectives (the public API: host or device, chosen in
+one place), join (a rank out of data serving the others), tracing
 (``mt.start_timeline`` / ``mt.stop_timeline``).
 """
 import numpy as np
@@ -16,7 +17,7 @@ from mpitrain.comm.abort import exit_now, install_abort_hook
 from mpitrain.comm.build_info import (cuda_built, is_homogeneous, mpi_built, mpi_threads_supported,
                                       nccl_built)
 from mpitrain.comm.check import INLINE_BYTES, CollectiveError, format_groups, group
-from mpitrain.comm.collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
+from mpitrain.comm.collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, allgather,
                                        allgather_async, allgather_object, allgather_shares,
                                        allgather_shares_async, allreduce, allreduce_,
                                        allreduce_async, allreduce_async_, alltoall,
@@ -45,7 +46,7 @@ from mpitrain.comm.world import (comm, cross_rank, cross_size, init, is_initiali
                                  local_size, rank, shutdown, size)
 
 
-__all__ = ["add_process_set", "agree", "allgather", "allgather_async", "allgather_object",
+__all__ = ["Adasum", "add_process_set", "agree", "allgather", "allgather_async", "allgather_object",
            "allgather_shares", "allgather_shares_async",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allreduce_flat",
            "alltoall", "alltoall_async", "Average", "barrier", "broadcast", "broadcast_",

@@ -14,7 +14,8 @@ forms return a handle at once and run the same function on the comm thread (hand
 """
 import numpy as np
 
-from mpitrain.comm import handles, host
+from mpitrain.comm import adasum, handles, host
+from mpitrain.comm.adasum import Adasum, is_adasum
 from mpitrain.comm.check import CollectiveError
 from mpitrain.comm.fusion import DEFAULT_THRESHOLD_BYTES
 from mpitrain.comm.handles import Handle, poll, synchronize
@@ -43,12 +44,17 @@ def _device():
     return device
 
 
-def _impl(x):
-    """host.py or device.py for one array: the one host/device choice of the package."""
+def _impl(x, op=None):
+    """host.py or device.py for one array: the one host/device choice of the package (an
+    allreduce with ``op`` Adasum: adasum.py, which refuses device arrays on every rank)."""
+    if op is not None and op.__class__ is not ReduceOp and is_adasum(op):
+        return adasum
     return host if x.__class__ is np.ndarray or not on_device(x) else _device()
 
 
-def _impl_of_all(xs):
+def _impl_of_all(xs, op=None):
+    if op is not None and op.__class__ is not ReduceOp and is_adasum(op):
+        return adasum
     return _device() if any(on_device(x) for x in xs) else host
 
 
@@ -63,7 +69,7 @@ def _submit(impl, kind, process_set, name, *args):
     the set, or a ``name`` still in flight, is refused here (ValueError), before anything is
     queued."""
     state = world_of(process_set, kind + "_async")
-    if impl is not host:
+    if impl is not host and impl is not adasum:
         # Device arrays: CuPy's and Numba's current device and stream are per thread, so the
         # collective runs now, in order, and the handle is complete at once: on this thread, or
         # behind collectives in flight on the comm thread, where device.py binds the GPU first.
@@ -79,14 +85,14 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
               process_set=GLOBAL):
     """Reduce ``x`` across ranks; returns a new array on every rank (same shape; same dtype,
     except that the Average of integers is a float64 mean)."""
-    return _run(_impl(x).allreduce, Kind.ALLREDUCE, process_set, x, op, name, prescale_factor,
-                postscale_factor)
+    return _run(_impl(x, op).allreduce, Kind.ALLREDUCE, process_set, x, op, name,
+                prescale_factor, postscale_factor)
 
 
 def allreduce_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=GLOBAL):
     """In-place allreduce; returns ``x``."""
-    return _run(_impl(x).allreduce_, Kind.ALLREDUCE_, process_set, x, op, name,
+    return _run(_impl(x, op).allreduce_, Kind.ALLREDUCE_, process_set, x, op, name,
                 prescale_factor, postscale_factor)
 
 
@@ -98,16 +104,16 @@ def grouped_allreduce(xs, op=Average, name=None, prescale_factor=1.0, postscale_
     settings' (MPITRAIN_FUSION_THRESHOLD) or the 64 MiB default. Must agree across ranks.
     """
     xs = list(xs)
-    return _run(_impl_of_all(xs).grouped_allreduce, Kind.GROUPED_ALLREDUCE, process_set, xs,
-                op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
+    return _run(_impl_of_all(xs, op).grouped_allreduce, Kind.GROUPED_ALLREDUCE, process_set,
+                xs, op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def grouped_allreduce_(xs, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        fusion_threshold_bytes=None, process_set=GLOBAL):
     """In-place grouped allreduce (e.g. gradients); returns the same list."""
     xs = list(xs)
-    return _run(_impl_of_all(xs).grouped_allreduce_, Kind.GROUPED_ALLREDUCE_, process_set, xs,
-                op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
+    return _run(_impl_of_all(xs, op).grouped_allreduce_, Kind.GROUPED_ALLREDUCE_, process_set,
+                xs, op, name, prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
 def allgather(x, name=None, process_set=GLOBAL):
@@ -166,14 +172,14 @@ def allgather_object(obj, process_set=GLOBAL):
 def allreduce_async(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=GLOBAL):
     """Non-blocking ``allreduce``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), Kind.ALLREDUCE, process_set, name, x, op, name, prescale_factor,
+    return _submit(_impl(x, op), Kind.ALLREDUCE, process_set, name, x, op, name, prescale_factor,
                    postscale_factor)
 
 
 def allreduce_async_(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=GLOBAL):
     """Non-blocking ``allreduce_``: a handle; ``synchronize(handle)`` returns its result."""
-    return _submit(_impl(x), Kind.ALLREDUCE_, process_set, name, x, op, name, prescale_factor,
+    return _submit(_impl(x, op), Kind.ALLREDUCE_, process_set, name, x, op, name, prescale_factor,
                    postscale_factor)
 
 
@@ -182,7 +188,7 @@ def grouped_allreduce_async(xs, op=Average, name=None, prescale_factor=1.0,
                             process_set=GLOBAL):
     """Non-blocking ``grouped_allreduce``: a handle; ``synchronize(handle)`` returns its result."""
     xs = list(xs)
-    return _submit(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE, process_set, name, xs, op, name,
+    return _submit(_impl_of_all(xs, op), Kind.GROUPED_ALLREDUCE, process_set, name, xs, op, name,
                    prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
@@ -191,7 +197,7 @@ def grouped_allreduce_async_(xs, op=Average, name=None, prescale_factor=1.0,
                              process_set=GLOBAL):
     """Non-blocking ``grouped_allreduce_``: a handle; ``synchronize(handle)`` returns its result."""
     xs = list(xs)
-    return _submit(_impl_of_all(xs), Kind.GROUPED_ALLREDUCE_, process_set, name, xs, op, name,
+    return _submit(_impl_of_all(xs, op), Kind.GROUPED_ALLREDUCE_, process_set, name, xs, op, name,
                    prescale_factor, postscale_factor, fusion_threshold_bytes)
 
 
@@ -227,7 +233,8 @@ def alltoall_async(x, splits=None, name=None, process_set=GLOBAL):
     return _submit(_impl(x), Kind.ALLTOALL, process_set, name, x, splits, name)
 
 
-__all__ = ["ReduceOp", "Sum", "Average", "Min", "Max", "Product", "DTYPES", "CollectiveError",
+__all__ = ["ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "DTYPES",
+           "CollectiveError",
            "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather",
            "allgather_shares", "allgather_shares_async", "broadcast", "broadcast_",
            "reducescatter", "alltoall", "barrier",

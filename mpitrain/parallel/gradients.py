@@ -119,7 +119,7 @@ class GradientAveraging(Strategy):
         if self.buckets is not None or self.one_bucket:
             return self.buckets
         opt = self.opt
-        if (not opt.overlap or opt.process_set.size() == 1
+        if (not opt.overlap or opt.process_set.size() == 1 or opt.op is comm.Adasum
                 or not opt.params or comm.on_device(opt.params[0].data)
                 or not isinstance(opt.compression, Compressor)):
             return None

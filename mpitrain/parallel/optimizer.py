@@ -21,6 +21,20 @@ from mpitrain.parallel.weights import WeightAveraging, average_weights
 AVERAGE_MODES = ("gradients", "weights")
 
 
+def adasum_arguments(average, deterministic, sharding, process_set):
+    """op=mt.Adasum combines each gradient pairwise (comm/adasum.py): whole gradients, after
+    backward, over a power-of-two number of ranks. What it cannot be combined with is refused
+    here, the same on every rank."""
+    if average != "gradients" or deterministic or sharding != "none":
+        raise ValueError(f"op=mt.Adasum combines whole gradients: it needs average='gradients', "
+                         f"deterministic=False and sharding='none' (got average={average!r}, "
+                         f"deterministic={deterministic!r}, sharding={sharding!r})")
+    size = comm.group_size(process_set) if process_set.included() else None
+    if size is not None and not comm.is_power_of_two(size):
+        raise ValueError(f"op=mt.Adasum needs a power-of-two number of ranks (recursive "
+                         f"halving-doubling), got {size}")
+
+
 class DistributedOptimizer:
     """Wraps an optimizer so that N replicas stay one model (wraps, never subclasses).
 
@@ -80,8 +94,13 @@ class DistributedOptimizer:
                  backward_passes_per_step=1,
                  process_set=comm.global_process_set, deterministic=False, clip_grad_norm=None,
                  sharding="none"):
-        if op not in (comm.Average, comm.Sum):
-            raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average and mt.Sum")
+        if isinstance(op, str) and op.lower() == "adasum":
+            op = comm.Adasum
+        if op not in (comm.Average, comm.Sum, comm.Adasum):
+            raise ValueError(f"op {op!r}: DistributedOptimizer supports mt.Average, mt.Sum and "
+                             f"mt.Adasum")
+        if op is comm.Adasum:
+            adasum_arguments(average, deterministic, sharding, process_set)
         if average not in AVERAGE_MODES:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
         for name, count in (("average_every", average_every),

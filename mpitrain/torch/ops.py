@@ -84,7 +84,8 @@ def synchronize(handle):
 
 # --- arguments ------------------------------------------------------------------------------
 
-# Horovod's Adasum op: named, so that scripts that mention it import; refused when used.
+# Horovod's Adasum op: allreduce and DistributedOptimizer combine with it (comm/adasum.py, a
+# power-of-two number of ranks, CPU tensors); the reducescatters refuse it, as Horovod's do.
 Adasum = "adasum"
 
 
@@ -100,7 +101,8 @@ def resolve_op(average, op, kind, process_set):
 
 def check_tensors(kind, tensors, process_set, op=None):
     """Refuse, on every rank, a call any of whose tensors this rank cannot send."""
-    if isinstance(op, str) and op.lower() == Adasum:
+    if (isinstance(op, str) and op.lower() == Adasum
+            and not kind.startswith(("allreduce", "grouped_allreduce"))):
         # Horovod's RuntimeError where it has no Adasum either (reducescatter)
         refuse(kind, Problem(RuntimeError, f"{kind}: Adasum is not supported; use Average "
                                            f"or Sum"), process_set)

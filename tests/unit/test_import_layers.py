@@ -143,7 +143,8 @@ def test_the_comm_layer_has_the_documented_order():
     """Each comm module imports only modules listed before it (comm/__init__.py's order)."""
     order = ["abort", "watchdog", "settings", "kinds", "check", "handles", "world",
              "process_sets", "build_info", "gpu", "ops", "ring", "tree", "hierarchical", "buckets",
-             "fusion", "engine", "host", "overlap", "device", "collectives", "join", "tracing"]
+             "fusion", "engine", "host", "overlap", "device", "adasum", "collectives", "join",
+             "tracing"]
     rank = {f"mpitrain.comm.{m}": i for i, m in enumerate(order)}
     assert set(rank) == {m for m in MODULES if m.startswith("mpitrain.comm.")}
     upward = [f"{m} imports {d}" for m in rank for d in GRAPH[m] if d in rank
