@@ -35,9 +35,10 @@ _source_tree_kernels()
 # forms (comm/handles.py), process sets, uneven data (comm/join.py) and what can run here
 # (Horovod's build booleans: comm/build_info.py), the timeline switched on and off at run time
 # (comm/tracing.py; --timeline does a whole CLI run).
-from mpitrain.comm import (Average, CollectiveError, CommSettings, Handle, Max, Min, Product,
-                           ProcessSet, ReduceOp, Sum, add_process_set, allgather, allgather_async,
-                           allgather_object, allreduce, allreduce_, allreduce_async,
+from mpitrain.comm import (Adasum, Average, CollectiveError, CommSettings, Handle, Max, Min,
+                           Product, ProcessSet, ReduceOp, Sum, add_process_set, allgather,
+                           allgather_async, allgather_object, allreduce, allreduce_,
+                           allreduce_async,
                            allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
                            broadcast_, broadcast_async, broadcast_async_, broadcast_object,
                            cross_rank, cross_size, cuda_built, global_process_set,
@@ -69,7 +70,7 @@ __all__ = [
     # collectives
     "init", "shutdown", "is_initialized", "install_abort_hook", "CommSettings",
     "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "ReduceOp", "Sum", "Average", "Min", "Max", "Product",
+    "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum",
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
     "allgather", "broadcast", "broadcast_", "reducescatter", "alltoall",
     "barrier", "broadcast_object", "allgather_object", "CollectiveError",
