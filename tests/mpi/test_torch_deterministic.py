@@ -271,17 +271,23 @@ def test_refusals_are_the_same_value_error_on_every_rank(kwargs, match):
 
 
 def test_a_number_of_ranks_not_a_power_of_two_is_refused_on_every_rank():
+    """N = 3 itself, or a process set of 3 of 4 ranks."""
     if N < 3:
         pytest.skip("needs 3 ranks or more")
-    three = hvd.add_process_set([0, 1, 2])
+    three = hvd.global_process_set if N & (N - 1) else hvd.add_process_set([0, 1, 2])
     try:
         with pytest.raises(ValueError, match="power-of-two number of ranks") as info:
             _optimizer(process_set=three)
         assert len(set(hvd.allgather_object(str(info.value)))) == 1
+        if three.included():
+            with pytest.raises(ValueError, match="must be a power of two"):
+                list(hvd.micro_shards(torch.zeros(8, 2), micro_shards=4, process_set=three))
     finally:
-        hvd.remove_process_set(three)
+        if three is not hvd.global_process_set:
+            hvd.remove_process_set(three)
 
 
+@power_of_two
 @pytest.mark.parametrize("m, g, match", [(3, 12, "power of two"), (4, 10, "equal size"),
                                          (0, 4, "power of two")])
 def test_micro_shards_refusals(m, g, match):
