@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from mpitrain.parallel import autotune, report
+from mpitrain.parallel.powersgd import PowerSGD
 from mpitrain import comm
 from mpitrain.kernels.cpu import bfloat16
 from mpitrain.kernels.cpu.bfloat16 import BFLOAT16
@@ -69,7 +70,9 @@ class Compressor:
 class Compression:
     """``none``: gradients travel as they are; ``fp16``: float32 travels as float16 (half the bytes,
     ~3 significant digits; restored to float32 after the average); ``bf16``: float32 travels as
-    bfloat16 (half the bytes, float32's range, ~2-3 significant digits; host arrays).
+    bfloat16 (half the bytes, float32's range, ~2-3 significant digits; host arrays);
+    ``powersgd(rank, start_iter, min_compression_rate)``: a new PowerSGD compressor with state
+    (parallel/powersgd.py: low-rank factors, two allreduces a step, error feedback).
 
     bf16's wire: NumPy has no bfloat16, so the arrays on the wire hold the bits, the upper half of
     each float32 rounded to nearest even (kernels/cpu/bfloat16.py's BFLOAT16, a 2-byte dtype that
@@ -88,6 +91,11 @@ class Compression:
     none = Compressor("none", {})
     fp16 = Compressor("fp16", {np.dtype(np.float32): np.dtype(np.float16)})
     bf16 = Compressor("bf16", {np.dtype(np.float32): BFLOAT16})
+
+    @staticmethod
+    def powersgd(rank=4, start_iter=10, min_compression_rate=2.0):
+        """PowerSGD (parallel/powersgd.py): a new compressor with state, for one optimizer."""
+        return PowerSGD(rank, start_iter, min_compression_rate)
 
 
 def is_compressor(obj):
@@ -191,6 +199,11 @@ class GradientAveraging(Strategy):
         compression = self.opt.compression
         grads = [p.grad for p in self.opt.params]
         kernels = self.opt.params[0].kernels
+        if isinstance(compression, PowerSGD):
+            if comm.on_device(grads[0]):
+                raise ValueError(f"{compression!r} compresses host arrays")
+            compression.average(grads, self.opt.process_set, self.opt.op, GRADIENTS)
+            return
         if not isinstance(compression, Compressor):
             self.average_with_compressor(compression, grads, kernels)
             return

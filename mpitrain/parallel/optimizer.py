@@ -15,6 +15,7 @@ from mpitrain.parallel.deterministic import DeterministicGradients, check_argume
 from mpitrain.parallel.gradients import (OVERLAP_BUCKET_BYTES, Compression, GradientAveraging,
                                          is_compressor)
 from mpitrain.parallel import parameter_sharding, sharded
+from mpitrain.parallel.powersgd import PowerSGD
 from mpitrain.parallel.sharded_join import ShareServer
 from mpitrain.parallel.weights import WeightAveraging, average_weights
 
@@ -101,6 +102,15 @@ class DistributedOptimizer:
                              f"mt.Adasum")
         if op is comm.Adasum:
             adasum_arguments(average, deterministic, sharding, process_set)
+        if isinstance(compression, PowerSGD) and (
+                average != "gradients" or sharding != "none" or op is comm.Adasum
+                or gradient_predivide_factor != 1.0):
+            raise ValueError(f"compression={compression!r} compresses whole gradients with "
+                             f"state: it needs average='gradients', sharding='none', op "
+                             f"mt.Average or mt.Sum and gradient_predivide_factor=1.0")
+        if isinstance(compression, PowerSGD) and compression.used:
+            raise ValueError(f"compression={compression!r} holds one optimizer's state; make "
+                             f"a new one for each DistributedOptimizer")
         if average not in AVERAGE_MODES:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGE_MODES)}")
         for name, count in (("average_every", average_every),
@@ -140,6 +150,8 @@ class DistributedOptimizer:
         self.parameters = list(optimizer.params)
         self.names = _parameter_names(optimizer.params, named_parameters)
         self.compression = compression
+        if isinstance(compression, PowerSGD):
+            compression.used = True
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.average = average

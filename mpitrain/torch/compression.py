@@ -13,6 +13,7 @@ persistent wire buffers instead of allocating a tensor per step (``builtin``).
 import torch
 
 import mpitrain
+from mpitrain.parallel.powersgd import PowerSGD
 
 
 class NoneCompressor:
@@ -66,6 +67,11 @@ class Compression:
     fp16 = FP16Compressor
     bf16 = BF16Compressor
 
+    @staticmethod
+    def powersgd(rank=4, start_iter=10, min_compression_rate=2.0):
+        """PowerSGD with state (mt.Compression.powersgd): for one DistributedOptimizer."""
+        return mpitrain.Compression.powersgd(rank, start_iter, min_compression_rate)
+
 
 def is_compression(obj):
     """True for an object with Horovod's compress() and decompress()."""
@@ -82,4 +88,6 @@ def builtin(compression):
         return mpitrain.Compression.fp16
     if compression is BF16Compressor:
         return mpitrain.Compression.bf16
+    if isinstance(compression, PowerSGD):
+        return compression
     return None
