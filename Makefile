@@ -19,7 +19,7 @@ TEST_ENV := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
 .PHONY: venv venv-run run test test-unit test-mpi test-horovod test-cuda-sim test-e2e test-gpu \
-	test-cluster \
+	test-cluster venv-openmpi test-openmpi \
 	gpu-check bench \
 	data lint loc \
 	clean
@@ -53,7 +53,7 @@ data: venv-run
 run: venv-run data
 	timeout -k 10 3600 $(MPIEXEC) -n $(NP) $(PY) -m mpitrain
 
-test: test-unit test-mpi test-horovod test-cuda-sim test-e2e test-cluster
+test: test-unit test-mpi test-horovod test-cuda-sim test-e2e test-cluster test-openmpi
 
 test-unit: venv
 	$(TEST_ENV) $(PYTEST) tests/unit
@@ -82,11 +82,56 @@ test-e2e: venv
 
 # Hosts in network namespaces on this machine, a bridge between them and tc shaping its links
 # (tests/support/netns_hosts.py, docs/launching.md "Two hosts on one machine"); needs root and
-# iproute2, installed here when missing. Without them every test skips with one line.
-test-cluster: venv
+# iproute2, installed here when missing. Without them every test skips with one line. Open MPI
+# runs there too (tests/cluster/test_openmpi_hosts.py), from its venv.
+test-cluster: venv venv-openmpi
 	@command -v ip >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq || true; } && apt-get install -y -qq iproute2; } || true
 	$(TEST_ENV) MPIEXEC=$(MPIEXEC) timeout -k 10 1200 $(PYTEST) tests/cluster
+
+# Open MPI for real: Debian's openmpi-bin, and mpi4py compiled against it in a venv of its own
+# (pip's binary mpi4py and the mpich wheel are MPICH's). Open MPI refuses root and more ranks
+# than cores unless told, and boxes help texts around a rank's error line unless quiet
+# (docs/launching.md, "Open MPI").
+OMPI_VENV := .venv-openmpi
+OMPI_PY := $(OMPI_VENV)/bin/python
+OMPI_STAMP := $(OMPI_VENV)/.installed
+MPIRUN_OPENMPI ?= /usr/bin/mpirun.openmpi
+OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_orte_execute_quiet=1
+venv-openmpi: $(OMPI_STAMP)
+
+$(OMPI_STAMP): setup.py
+	@command -v mpicc.openmpi >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get \
+		>/dev/null && { apt-get update -qq || true; } && \
+		apt-get install -y -qq openmpi-bin libopenmpi-dev; } || \
+		echo "no Open MPI here (apt-get install openmpi-bin libopenmpi-dev as root): skipped"
+	@if command -v mpicc.openmpi >/dev/null; then set -e; \
+		test -x $(OMPI_PY) || $(PYTHON) -m venv $(OMPI_VENV); \
+		$(OMPI_PY) -m pip install -q --upgrade pip; \
+		MPICC=$$(command -v mpicc.openmpi) $(OMPI_PY) -m pip install -q --no-cache-dir \
+			--no-binary mpi4py mpi4py; \
+		$(OMPI_PY) -m pip install -q -e . pytest pytest-timeout hypothesis torch==2.13.0; \
+		$(OMPI_PY) -c "from mpi4py import MPI; v = MPI.Get_library_version(); \
+			assert 'Open MPI' in v, v"; \
+		touch $@; fi
+
+# Under Open MPI's mpirun at N = 2, 3: the collective cases, mpitrain.torch, the first-hour
+# no-hang tests, the launcher's fault matrix (the cases without hydra's host emulation), and
+# what behaves differently from MPICH (tests/e2e/test_openmpi.py).
+OMPI_MPI_TESTS := tests/mpi/test_collectives.py tests/mpi/test_allreduce.py \
+	tests/mpi/test_errors.py tests/mpi/test_torch_collectives.py tests/mpi/test_torch_optimizer.py
+OMPI_E2E_TESTS := tests/e2e/test_first_hour.py tests/e2e/test_torch_first_hour.py \
+	tests/e2e/test_abort.py tests/e2e/test_launcher_faults.py tests/e2e/test_openmpi.py
+test-openmpi: venv-openmpi
+	@if [ ! -f $(OMPI_STAMP) ]; then echo "test-openmpi: no Open MPI venv: skipped"; else \
+	set -e; for n in 2 3; do \
+		echo "== Open MPI mpirun -np $$n"; \
+		$(TEST_ENV) $(OMPI_ENV) timeout -k 10 $(MPI_TIMEOUT) $(MPIRUN_OPENMPI) -np $$n \
+			$(OMPI_PY) -m pytest -q -p no:cacheprovider $(OMPI_MPI_TESTS); \
+	done; \
+	$(TEST_ENV) $(OMPI_ENV) MPIEXEC=$(MPIRUN_OPENMPI) $(OMPI_PY) -m pytest -q \
+		-p no:cacheprovider $(OMPI_E2E_TESTS); fi
 
 test-cuda-sim: venv
 	$(TEST_ENV) NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim

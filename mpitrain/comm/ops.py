@@ -39,10 +39,19 @@ Sum, Average, Min, Max, Product = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN,
 MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
+# Open MPI 4.1's vectorised reductions (its op/avx component) saturate 8- and 16-bit integer
+# sums and products instead of wrapping around as C and MPICH do (a known bug upstream left
+# unfixed), so under Open MPI our ring reduces those types.
+SATURATED_BY_MPI = (frozenset(np.dtype(t) for t in ("uint8", "int8", "int16"))
+                    if "Open MPI" in MPI.Get_library_version() else frozenset())
+
+
 def mpi_can_reduce(dtype):
     """Whether MPI's own reductions take ``dtype``: not float16 or bfloat16, which MPI has no type
-    for (our ring reduces them with its own kernels). The one place this is decided."""
-    return np.dtype(dtype) != np.float16 and np.dtype(dtype) != BFLOAT16
+    for (our ring reduces them with its own kernels), nor the small integers Open MPI
+    saturates (SATURATED_BY_MPI). The one place this is decided."""
+    dtype = np.dtype(dtype)
+    return dtype != np.float16 and dtype != BFLOAT16 and dtype not in SATURATED_BY_MPI
 UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
 

@@ -1,4 +1,5 @@
 """Launching ``python -m mpitrain``, or a user's script, under mpiexec from the e2e tests."""
+import functools
 import os
 import subprocess
 import sys
@@ -13,12 +14,24 @@ MPIEXEC = os.environ.get("MPIEXEC", str(REPO / ".venv" / "bin" / "mpiexec"))
 # rank and overwrites its shared-memory segment, so the parent's next collective crashes.
 LAUNCHER = ("PMI_", "PMIX_", "MPI_LOCAL")
 # Inside an Open MPI job its launcher's OMPI_* (ranks, daemon URIs, job ids) go too; outside
-# one, OMPI_* are the user's settings. Open MPI's permission to run as root is always kept.
+# one, OMPI_* are the user's settings. Open MPI's permission to run as root and to run more
+# ranks than cores, and its quiet mode, are always kept (machine settings, not the job's).
 OPEN_MPI_JOB = "OMPI_COMM_WORLD_RANK"
-KEPT = ("OMPI_ALLOW_RUN_AS_ROOT",)
+KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_rmaps_base_oversubscribe",
+        "OMPI_MCA_orte_execute_quiet")
 # Settings a CLI run must not inherit, so that the job sees only the flags the test gives it.
 SETTINGS = ("MPITRAIN_", "OMPI_", "HYDRA_")
 ONE_THREAD = dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+
+
+@functools.lru_cache(maxsize=None)
+def open_mpi():
+    """Whether MPIEXEC is Open MPI's mpirun (else MPICH's hydra, or another)."""
+    try:
+        out = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(name in out.stdout + out.stderr for name in ("Open MPI", "OpenRTE", "PRRTE"))
 
 
 def child_env(settings=False, **extra):

@@ -160,6 +160,14 @@ class Cluster:
         """MPICH mpiexec's arguments that launch into these hosts."""
         return ["-launcher", "ssh", "-launcher-exec", str(self.wrapper), "-iface", self.bridge]
 
+    def openmpi_args(self):
+        """Open MPI mpirun's arguments that launch into these hosts: the wrapper as its ssh,
+        its daemons' control traffic over the bridge, the ranks' messages over eth0 (TCP)."""
+        return ["--mca", "plm_rsh_agent", str(self.wrapper),
+                "--mca", "oob_tcp_if_include", f"{self.bridge},eth0",
+                "--mca", "btl", "self,vader,tcp", "--mca", "pml", "ob1",
+                "--mca", "btl_tcp_if_include", "eth0"]
+
     @staticmethod
     def env():
         """Variables the ranks need so that inter-host messages take the link (docstring)."""
