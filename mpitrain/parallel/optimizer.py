@@ -108,6 +108,10 @@ class DistributedOptimizer:
             raise ValueError(f"compression={compression!r} compresses whole gradients with "
                              f"state: it needs average='gradients', sharding='none', op "
                              f"mt.Average or mt.Sum and gradient_predivide_factor=1.0")
+        if compression is Compression.bf16 and sharding in ("gradients", "parameters"):
+            raise ValueError(f"compression=mt.Compression.bf16 with sharding={sharding!r}: the "
+                             f"reduce-scattered shards are not decoded from bfloat16; use "
+                             f"mt.Compression.fp16, or sharding='optimizer'")
         if isinstance(compression, PowerSGD) and compression.used:
             raise ValueError(f"compression={compression!r} holds one optimizer's state; make "
                              f"a new one for each DistributedOptimizer")

@@ -77,11 +77,11 @@ def test_average_matches_the_mean_of_the_rounded_gradients(overlap):
         opt.step()
 
 
-def _train(compression, hook, steps=6):
+def _train(compression, hook, steps=6, sharding="none"):
     model = mt.models.mlp(in_features=12, hidden=(32, 16), seed=0, dtype=np.float32)
     opt = DistributedOptimizer(mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                model.named_parameters(), compression=compression,
-                               fusion_threshold_bytes=1024)
+                               fusion_threshold_bytes=1024, sharding=sharding)
     loss_fn = mt.nn.SoftmaxCrossEntropy()
     losses = []
     for t in range(steps):
@@ -102,3 +102,18 @@ def test_training_with_bf16_matches_uncompressed(hook):
     for k in reference:
         assert np.allclose(got[k], reference[k], rtol=2e-2, atol=2e-3), k
     assert np.allclose(losses, ref_losses, rtol=2e-2)
+
+
+@pytest.mark.parametrize("sharding", ["gradients", "parameters"])
+def test_bf16_with_reduce_scattered_shards_is_refused(sharding):
+    p = mt.nn.Parameter(np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="bf16"):
+        DistributedOptimizer(mt.optim.SGD([p], lr=0.1), [("p", p)],
+                             compression=mt.Compression.bf16, sharding=sharding)
+
+
+def test_bf16_with_sharded_optimizer_state_matches_uncompressed():
+    got = _train(mt.Compression.bf16, True, sharding="optimizer")[0]
+    reference = _train(mt.Compression.none, True, sharding="optimizer")[0]
+    for k in reference:
+        assert np.allclose(got[k], reference[k], rtol=2e-2, atol=2e-3), k
