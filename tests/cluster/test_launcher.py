@@ -8,10 +8,10 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
-from tests.support.launch import MPIEXEC, REPO, child_env, load_npz
+from tests.support.launch import (MPIEXEC, REPO, assert_bitwise, child_env, load_npz,
+                                  saved_parameters)
 
 FAULTS = str(REPO / "tests" / "support" / "faults.py")
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
@@ -39,19 +39,8 @@ def finish(cmd, p):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("full")
-    cmd = ["timeout", "-k", "5", str(LIMIT_S), MPIEXEC, "-n", "2", sys.executable, "-m",
-           "mpitrain", *BASE, "--save", "full.npz"]
-    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                       timeout=LIMIT_S + 30)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return load_npz(cwd / "full.npz")
-
-
-def assert_bitwise(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+    """The parameters of the run none of the faults touched."""
+    return saved_parameters(2, BASE, tmp_path_factory.mktemp("full"), LIMIT_S)
 
 
 PROGRAM = ["--checkpoint-dir", "ck", "--checkpoint-every", "4", "--save", "out.npz"]

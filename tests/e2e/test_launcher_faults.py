@@ -16,10 +16,10 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from tests.support.launch import MPIEXEC, REPO, child_env, load_npz, open_mpi
+from tests.support.launch import (MPIEXEC, REPO, assert_bitwise, child_env, load_npz, open_mpi,
+                                  saved_parameters)
 
 FAULTS = str(REPO / "tests" / "support" / "faults.py")
 BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16",
@@ -51,19 +51,7 @@ def ckpt_flags(folder):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The parameters of the run none of the faults touched."""
-    cwd = tmp_path_factory.mktemp("full")
-    cmd = ["timeout", "-k", "5", str(LIMIT_S), MPIEXEC, "-n", "2", sys.executable, "-m",
-           "mpitrain", *BASE, "--save", "full.npz"]
-    p = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                       timeout=LIMIT_S + 30)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return load_npz(cwd / "full.npz")
-
-
-def assert_bitwise(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+    return saved_parameters(2, BASE, tmp_path_factory.mktemp("full"), LIMIT_S)
 
 
 def summary(path):

@@ -50,6 +50,20 @@ def load_npz(path):
         return {k: z[k] for k in z.files}
 
 
+def assert_bitwise(a, b):
+    """Two dicts of arrays (load_npz's) hold the same names, dtypes and bytes."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def saved_parameters(n, args, cwd, timeout_s=240):
+    """The parameters ``python -m mpitrain *args`` at ``n`` ranks ends on (``--save``), by
+    name: e.g. the uninterrupted run that a run with faults must equal."""
+    run_mpitrain(n, [*args, "--save", "full.npz"], cwd, timeout_s=timeout_s)
+    return load_npz(Path(cwd) / "full.npz")
+
+
 def run_mpitrain(n, args, cwd, ok=True, timeout_s=120, env=None):
     """``mpiexec -n n python -m mpitrain *args`` in ``cwd`` under ``timeout`` (a hung job is
     killed, never left behind), with ``env`` (a dict) added to the environment; the
