@@ -40,8 +40,8 @@ MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
 # Open MPI 4.1's vectorised reductions (its op/avx component) saturate 8- and 16-bit integer
-# sums and products instead of wrapping around as C and MPICH do (a known bug upstream left
-# unfixed), so under Open MPI our ring reduces those types.
+# sums instead of wrapping around as C and MPICH do (a known bug upstream left unfixed), so
+# under Open MPI our ring reduces those types, whatever the op.
 SATURATED_BY_MPI = (frozenset(np.dtype(t) for t in ("uint8", "int8", "int16"))
                     if "Open MPI" in MPI.Get_library_version() else frozenset())
 
