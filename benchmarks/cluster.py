@@ -20,8 +20,8 @@ beside the measured ones.
 import argparse
 import json
 import os
+import importlib.util
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -139,13 +139,10 @@ def main(argv=None):
         print(f"cluster.py: error: {why}", file=sys.stderr)
         return 2
     gloo = not args.no_gloo
-    if gloo:
-        try:
-            import torch.distributed  # noqa: F401
-        except ImportError:
-            print("cluster.py: error: gloo needs torch (pip install 'mpitrain[torch]'), or "
-                  "give --no-gloo", file=sys.stderr)
-            return 2
+    if gloo and importlib.util.find_spec("torch") is None:
+        print("cluster.py: error: gloo needs torch (pip install 'mpitrain[torch]'), or "
+              "give --no-gloo", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []

@@ -63,7 +63,7 @@ def test_orthogonal_and_parallel_tensors():
 
 
 def test_distributed_optimizer_with_adasum():
-    n, r = hvd.size(), hvd.rank()
+    r = hvd.rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
