@@ -13,6 +13,7 @@ import pytest
 
 import mpitrain as mt
 from mpitrain.parallel.optimizer import DistributedOptimizer
+from tests.support.oracles import adasum_oracle
 
 mt.init()
 N, R = mt.size(), mt.rank()
@@ -24,20 +25,6 @@ def close(dtype, expected, got):
     """Horovod's criterion: |expected - got| / |expected| / 100 < eps."""
     diff = np.linalg.norm(expected - np.asarray(got, np.float64))
     return diff / np.linalg.norm(expected) / 100.0 < np.finfo(dtype).eps
-
-
-def reference(rows):
-    """The Adasum tree in float64: pairs (0, 1), (2, 3), ..., then pairs of those."""
-    level = [np.asarray(r, np.float64) for r in rows]
-    while len(level) > 1:
-        nxt = []
-        for a, b in zip(level[::2], level[1::2]):
-            d = a @ b
-            ca = 1 - d / (2 * (a @ a)) if a @ a > 0 else 1.0      # a zero array: orthogonal
-            cb = 1 - d / (2 * (b @ b)) if b @ b > 0 else 1.0
-            nxt.append(ca * a + cb * b)
-        level = nxt
-    return level[0]
 
 
 @needs_pow2
@@ -83,11 +70,11 @@ def test_general_arrays_match_the_numpy_tree_and_agree_bitwise():
     x = rng.normal(0, 1, 1000) + (R + 1) * np.linspace(0, 1, 1000)
     rows = mt.allgather(x[None])
     got = mt.allreduce(x, op=mt.Adasum)
-    np.testing.assert_allclose(got, reference(rows), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, adasum_oracle(rows), rtol=1e-12, atol=1e-12)
     assert all(np.array_equal(got, g) for g in mt.allgather(got[None]))
     # a zero array is orthogonal to everything: the others' combination is kept
     z = mt.allreduce(np.zeros(5) if R == 0 else np.ones(5) * R, op="adasum")
-    assert np.allclose(z, reference([np.zeros(5)] + [np.ones(5) * r for r in range(1, N)]))
+    assert np.allclose(z, adasum_oracle([np.zeros(5)] + [np.ones(5) * r for r in range(1, N)]))
 
 
 @needs_pow2
@@ -98,7 +85,7 @@ def test_grouped_and_async_combine_each_array_separately():
     for x, out in zip(xs, outs):
         rows = mt.allgather(x.reshape(1, -1))
         assert out.shape == x.shape and out.dtype == x.dtype
-        np.testing.assert_allclose(out.reshape(-1), reference(rows), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out.reshape(-1), adasum_oracle(rows), rtol=1e-5, atol=1e-6)
     h = mt.allreduce_async(xs[1], op=mt.Adasum)
     np.testing.assert_array_equal(mt.synchronize(h), outs[1])
 
@@ -141,5 +128,5 @@ def test_distributed_optimizer_combines_each_gradient(overlap):
         q.grad[...] = h
         opt.step()
         for mine, old, new in ((g, before_p, p.data), (h, before_q, q.data)):
-            expected = reference(mt.allgather(mine.reshape(1, -1))).reshape(mine.shape)
+            expected = adasum_oracle(mt.allgather(mine.reshape(1, -1))).reshape(mine.shape)
             np.testing.assert_allclose(old - new, expected, rtol=1e-4, atol=1e-5)

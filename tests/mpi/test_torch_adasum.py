@@ -14,6 +14,8 @@ torch = pytest.importorskip("torch")
 import mpitrain.torch as hvd                   # noqa: E402
 from torch import nn                           # noqa: E402
 
+from tests.support.oracles import adasum_oracle  # noqa: E402
+
 POW2 = None
 
 
@@ -22,19 +24,6 @@ def horovod_init():
     global POW2
     hvd.init()
     POW2 = hvd.size() & (hvd.size() - 1) == 0
-
-
-def reference(rows):
-    level = [np.asarray(r, np.float64) for r in rows]
-    while len(level) > 1:
-        nxt = []
-        for a, b in zip(level[::2], level[1::2]):
-            d = a @ b
-            ca = 1 - d / (2 * (a @ a)) if a @ a > 0 else 1.0
-            cb = 1 - d / (2 * (b @ b)) if b @ b > 0 else 1.0
-            nxt.append(ca * a + cb * b)
-        level = nxt
-    return level[0]
 
 
 def test_orthogonal_and_parallel_tensors():
@@ -58,7 +47,7 @@ def test_orthogonal_and_parallel_tensors():
     outs = hvd.grouped_allreduce(ts, op=hvd.Adasum)
     for t, out in zip(ts, outs):
         rows = hvd.allgather(t.reshape(1, -1)).double().numpy()
-        np.testing.assert_allclose(out.reshape(-1).numpy(), reference(rows), rtol=1e-5,
+        np.testing.assert_allclose(out.reshape(-1).numpy(), adasum_oracle(rows), rtol=1e-5,
                                    atol=1e-6)
 
 
@@ -98,7 +87,7 @@ def test_distributed_optimizer_with_adasum():
     model2(x).pow(2).sum().backward()
     for p2, c in zip(model2.parameters(), combined):
         rows = hvd.allgather(p2.grad.reshape(1, -1)).double().numpy()
-        np.testing.assert_allclose(c.reshape(-1).double().numpy(), reference(rows),
+        np.testing.assert_allclose(c.reshape(-1).double().numpy(), adasum_oracle(rows),
                                    rtol=1e-4, atol=1e-6)
     opt.step()
 

@@ -18,7 +18,7 @@ link, as it must on real hosts; intra-host traffic still uses MPICH's own shared
 
 Shaping: ``shape(rate)`` puts a token bucket (tc ``tbf``) on every host's ``eth0`` egress, so
 both directions of every inter-host path run at ``rate``; ``delay`` adds netem's delay where
-the kernel has netem (``netem_available()``). ``tx_bytes(host)`` reads a host's ``eth0``
+the kernel has netem (else ClusterError). ``tx_bytes(host)`` reads a host's ``eth0``
 counter: what crossed the link.
 
 Everything is removed on ``close()`` / leaving the ``with`` block, also when a test fails; a
@@ -99,18 +99,6 @@ def unavailable():
         return f"this machine forbids network namespaces ({p.stderr.strip()})"
     _ip("netns", "del", probe, check=False)
     return None
-
-
-def netem_available():
-    """Whether the kernel has tc's netem (delay); tbf (rate) is checked when shaping."""
-    probe = f"{PREFIX}{os.getpid()}netem"
-    _ip("netns", "add", probe)
-    try:
-        p = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo",
-                            "root", "netem", "delay", "1ms"], capture_output=True, text=True)
-        return p.returncode == 0
-    finally:
-        _ip("netns", "del", probe, check=False)
 
 
 class Cluster:

@@ -56,3 +56,18 @@ def assert_same_on_all_ranks(x):
     """The result must be bitwise identical on every rank (replicas must not drift)."""
     ref = MPI.COMM_WORLD.bcast(x.tobytes(), root=0)
     assert x.tobytes() == ref
+
+
+def adasum_oracle(rows):
+    """Adasum of ``rows`` (one array per rank) in float64, as Horovod defines it: pairs (0, 1),
+    (2, 3), ... combined as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, then pairs of those."""
+    level = [np.asarray(r, np.float64) for r in rows]
+    while len(level) > 1:
+        nxt = []
+        for a, b in zip(level[::2], level[1::2]):
+            d = a @ b
+            ca = 1 - d / (2 * (a @ a)) if a @ a > 0 else 1.0      # a zero array: orthogonal
+            cb = 1 - d / (2 * (b @ b)) if b @ b > 0 else 1.0
+            nxt.append(ca * a + cb * b)
+        level = nxt
+    return level[0]
