@@ -83,10 +83,14 @@ test-e2e: venv
 # Hosts in network namespaces on this machine, a bridge between them and tc shaping its links
 # (tests/support/netns_hosts.py, docs/launching.md "Two hosts on one machine"); needs root and
 # iproute2, installed here when missing. Without them every test skips with one line. Open MPI
-# runs there too (tests/cluster/test_openmpi_hosts.py), from its venv.
+# runs there too (tests/cluster/test_openmpi_hosts.py), from its venv, and Slurm (Debian's
+# slurm-wlm and munge, installed here when missing: tests/cluster/test_slurm.py).
 test-cluster: venv venv-openmpi
 	@command -v ip >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq || true; } && apt-get install -y -qq iproute2; } || true
+	@command -v slurmd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get update -qq || true; } && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq slurm-wlm munge; } || true
 	$(TEST_ENV) MPIEXEC=$(MPIEXEC) timeout -k 10 1200 $(PYTEST) tests/cluster
 
 # Open MPI for real: Debian's openmpi-bin, and mpi4py compiled against it in a venv of its own

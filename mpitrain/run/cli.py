@@ -5,6 +5,8 @@
 Everything after the launcher's own flags is the command every rank runs. Bad input (no hosts,
 slots < 1, an unknown launcher, a discovery script that fails or prints something else, -np
 outside [--min-np, --max-np]) is one line and exit code 2, before anything is launched.
+Inside a Slurm allocation without -H, --hostfile or a discovery script, the hosts and slots
+are the allocation's (run/slurm.py), so -np defaults to its task count.
 ``mpitrainrun --check-build`` launches nothing: it runs ``python -m mpitrain.info`` (what this
 installation has) in a child process: the launcher itself never initialises MPI.
 """
@@ -14,7 +16,7 @@ import shlex
 import subprocess
 import sys
 
-from mpitrain.run import engines
+from mpitrain.run import engines, slurm
 from mpitrain.run.hosts import LaunchError, discover, parse_hosts, read_hostfile
 from mpitrain.run.supervisor import Supervisor
 
@@ -83,6 +85,9 @@ def parse(argv, environ):
         raise LaunchError("--host-discovery-script replaces -H / --hostfile; give one of them")
     s.hosts = (parse_hosts(s.hosts) if s.hosts is not None
                else read_hostfile(s.hostfile) if s.hostfile is not None else None)
+    if (s.hosts is None and not s.host_discovery_script
+            and engines.in_slurm(s.launcher, environ)):
+        s.hosts = slurm.allocation(environ)       # None outside an allocation
     found = discover(s.host_discovery_script) if s.host_discovery_script else s.hosts
     slots = None if found is None else sum(n for _, n in found)
     if s.np is None:
@@ -131,10 +136,11 @@ def main(argv=None, environ=None):
         if settings.check_build:
             return check_build(env)
         engine = engines.detect(settings.launcher, settings.mpiexec, env)
+        supervisor = Supervisor(settings, engine, env)
     except LaunchError as exc:
         print(f"mpitrainrun: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    return Supervisor(settings, engine, env).run()
+    return supervisor.run()
 
 
 def check_build(environ):

@@ -7,7 +7,7 @@ Slurm's ``srun`` -- their command lines, and what their failure reports say abou
              Open MPI passes only the variables named with -x: every MPITRAIN_* one and the
              -x names are listed
     slurm    srun --ntasks N [--nodes K --nodelist a,b --distribution block] --export ALL
-             --kill-on-bad-exit 1 [MPI_ARGS] COMMAND          (inside an allocation)
+             --kill-on-bad-exit=1 [MPI_ARGS] COMMAND          (inside an allocation)
 
 ``detect`` picks one for ``--launcher auto``: slurm inside a Slurm allocation (SLURM_JOB_ID set
 and srun found), else whatever ``mpiexec --version`` says it is.
@@ -15,6 +15,7 @@ and srun found), else whatever ``mpiexec --version`` says it is.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -23,6 +24,11 @@ from mpitrain.run.hosts import LaunchError, spell
 ENGINES = ("mpich", "openmpi", "slurm")
 LAUNCHERS = ("auto",) + ENGINES
 PREFIX = "MPITRAIN_"
+# srun's report of a failed task, and its line when it goes on to end the rest of the step
+# (--kill-on-bad-exit): what it reports after that line is its own doing
+SRUN_FAILED = re.compile(r"^srun: error: ([^:\s]+): tasks? (\d+)")
+SRUN_AFTERMATH = re.compile(r"^srun: (launch/slurm: _step_signal: Terminating|Job step aborted|"
+                            r"forcing job termination)")
 # Who failed, read from the launcher's and the ranks' output: (pattern, group of the host,
 # group of the rank); either may be None.
 BLAME = (
@@ -31,7 +37,7 @@ BLAME = (
     (re.compile(r"^\[rank (\d+)\] uncaught exception"), None, 1),          # the abort hook
     (re.compile(r"missing ranks \[(\d+)"), None, 1),                       # the stall watchdog
     (re.compile(r"process rank (\d+) with PID \d+ on node (\S+)"), 2, 1),  # Open MPI
-    (re.compile(r"^srun: error: ([^:\s]+): tasks? (\d+)"), 1, 2),          # Slurm
+    (SRUN_FAILED, 1, 2),                                                   # Slurm
     (re.compile(r"^ssh: connect to host (\S+) port \d+"), 1, None),        # a host down
     (re.compile(r"^ssh: Could not resolve hostname ([^:\s]+)"), 1, None),   # a host gone
 )
@@ -47,8 +53,7 @@ def detect(launcher, mpiexec, environ):
     """The engine of ``--launcher`` (auto: see the module docstring); LaunchError if none."""
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
-    if launcher == "slurm" or (launcher == "auto" and environ.get("SLURM_JOB_ID")
-                               and shutil.which("srun", path=environ.get("PATH"))):
+    if in_slurm(launcher, environ):
         return "slurm"
     if launcher != "auto":
         return launcher
@@ -61,6 +66,12 @@ def detect(launcher, mpiexec, environ):
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LaunchError(f"--mpiexec {mpiexec}: cannot run it ({exc})") from None
     return kind_of(out.stdout + out.stderr, mpiexec)
+
+
+def in_slurm(launcher, environ):
+    """Whether ``--launcher`` means srun: slurm, or auto inside an allocation with srun."""
+    return launcher == "slurm" or (launcher == "auto" and bool(environ.get("SLURM_JOB_ID"))
+                                   and shutil.which("srun", path=environ.get("PATH")) is not None)
 
 
 def kind_of(version_text, mpiexec="mpiexec"):
@@ -91,8 +102,17 @@ def command(engine, n, hosts, program, mpi_args=(), exported=(), mpiexec="mpiexe
             where = ["--nodes", str(len(hosts)), "--nodelist",
                      ",".join(name for name, _ in hosts), "--distribution", "block"]
         return ["srun", "--ntasks", str(n), *where, "--export", "ALL",
-                "--kill-on-bad-exit", "1", *mpi_args, *program]
+                "--kill-on-bad-exit=1", *mpi_args, *program]
     raise LaunchError(f"unknown launcher {engine!r}")
+
+
+def forwarded(engine, signum):
+    """The signal to pass the launcher for a stop signal ``signum``: SIGUSR1 for SIGTERM where
+    the launcher would kill the ranks on SIGTERM instead of forwarding it (Open MPI's mpirun;
+    srun, which ends the job step) and forwards SIGUSR1 to them."""
+    if engine in ("openmpi", "slurm") and signum == signal.SIGTERM:
+        return signal.SIGUSR1
+    return signum
 
 
 def exported_names(environ, extra):
@@ -102,10 +122,16 @@ def exported_names(environ, extra):
 
 def blame(lines, ranks_to_hosts):
     """(hosts, ranks) named as failed in the launcher's and ranks' output ``lines``; a rank's
-    host comes from ``ranks_to_hosts`` (the placement of the launch)."""
+    host comes from ``ranks_to_hosts`` (the placement of the launch). srun reports the tasks
+    it killed itself, after the first failure (--kill-on-bad-exit), as failed too: its
+    reports after its own SRUN_AFTERMATH line do not count."""
     hosts, ranks = [], []
+    aftermath = False
     for line in lines:
+        aftermath = aftermath or bool(SRUN_AFTERMATH.search(line))
         for pattern, host_group, rank_group in BLAME:
+            if aftermath and pattern is SRUN_FAILED:
+                continue
             m = pattern.search(line)
             if not m:
                 continue

@@ -2,7 +2,8 @@
 
     attempt 0, 1, ...:  hosts (discovery, or -H/--hostfile) minus the blacklist
                         -> n = min(--max-np, their slots), refused below --min-np
-                        -> the engine's command with MPITRAIN_RESTART_COUNT=attempt
+                        -> the engine's command with MPITRAIN_RESTART_COUNT=attempt (plus
+                           SLURM_RESTART_COUNT: a requeued job resumes as a restart does)
                         -> run it, passing its output through and reading who failed
     exit 0              done
     exit 2 (bad input)  done, exit 2: a usage error, which a restart cannot mend
@@ -25,8 +26,9 @@ without --resume-if-exists).
 
 A stop signal to the launcher (SIGTERM, SIGUSR1, SIGINT, SIGHUP) is forwarded to the job -- the
 ranks write a checkpoint at the next step and exit 32 -- and ends the loop. Open MPI's mpirun
-kills the ranks on SIGTERM, so they are sent SIGUSR1 there (the default --preempt-signals has
-it). The job runs in a session of its own, so a Ctrl-C at the terminal reaches it once, through
+kills the ranks on SIGTERM, so it is sent SIGUSR1 instead (the default --preempt-signals has
+it); so is srun, which kills the job step on SIGTERM and forwards SIGUSR1 to the tasks. The
+job runs in a session of its own, so a Ctrl-C at the terminal reaches it once, through
 here. Its life is tied to this launcher's: should the launcher die without a word (SIGKILL, out
 of memory), the kernel sends the MPI launcher SIGTERM (Linux's PR_SET_PDEATHSIG), which
 forwards it to the ranks, as a stop signal would be -- a job is never left training
@@ -43,7 +45,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from mpitrain.run import engines
+from mpitrain.run import engines, slurm
 from mpitrain.run.hosts import Blacklist, LaunchError, discover, placement, take
 
 EXIT_USAGE = 2               # train/cli.py's (and argparse's): bad input, one line
@@ -65,6 +67,7 @@ class Supervisor:
         self.job = None
         self.stopped = None        # the signal that reached this launcher, or None
         self.probe = None          # the file a job that reads its checkpoints creates
+        self.requeues = slurm.requeues(env)   # a requeued Slurm job is a relaunch too
 
     def say(self, text):
         print(f"mpitrainrun: {text}", file=self.err, flush=True)
@@ -177,7 +180,7 @@ class Supervisor:
         s = self.s
         argv = engines.command(self.engine, n, hosts, s.command, s.mpi_args,
                                engines.exported_names(self.env, s.export), s.mpiexec)
-        env = dict(self.env, MPITRAIN_RESTART_COUNT=str(restarts))
+        env = dict(self.env, MPITRAIN_RESTART_COUNT=str(restarts + self.requeues))
         if self.probe is not None:
             env["MPITRAIN_CHECKPOINT_PROBE"] = self.probe
         if s.verbose or restarts:
@@ -208,10 +211,8 @@ class Supervisor:
         job = self.job
         if job is None:
             return
-        if self.engine == "openmpi" and signum == signal.SIGTERM:
-            signum = signal.SIGUSR1            # mpirun would kill the ranks on SIGTERM
         try:
-            job.send_signal(signum)
+            job.send_signal(engines.forwarded(self.engine, signum))
         except OSError:
             pass
 

@@ -3,7 +3,7 @@
 ``python tests/support/faults.py CLI-FLAGS...`` runs ``python -m mpitrain`` with
 ``Trainer.train_step`` wrapped: before step ``FAULT_STEP + 1`` (that is, once FAULT_STEP steps
 are done), on rank ``FAULT_RANK`` (``all``: every rank; or on every rank of host
-``FAULT_HOST``, PMI_HOSTNAME), and
+``FAULT_HOST``: hydra's PMI_HOSTNAME, or srun's SLURMD_NODENAME), and
 only on launch ``FAULT_LAUNCH`` (MPITRAIN_RESTART_COUNT; ``any``: every launch), it does
 ``FAULT``:
 
@@ -11,6 +11,7 @@ only on launch ``FAULT_LAUNCH`` (MPITRAIN_RESTART_COUNT; ``any``: every launch),
     term    SIGTERM itself (a preemption notice), then trains on
     int     SIGINT itself (a ``kill -INT`` of that rank, or Ctrl-C where it hits every rank)
     stall   sleeps FAULT_SLEEP_S (never reaches the step's collective)
+    slow    sleeps FAULT_SLEEP_S before this step and every later one (a job that runs long)
     raise   raises RuntimeError (the abort hook ends the job)
 
 ``FAULT_TIMES=PATH`` appends ``fail <time>`` when the fault hits and, on rank 0 of a relaunch,
@@ -27,13 +28,17 @@ import time
 
 def _applies(trainer):
     env = os.environ
-    if "FAULT" not in env or trainer.step != int(env["FAULT_STEP"]):
+    if "FAULT" not in env:
+        return False
+    step = int(env["FAULT_STEP"])
+    if trainer.step != step and not (env["FAULT"] == "slow" and trainer.step > step):
         return False
     launch = env.get("FAULT_LAUNCH", "0")
     if launch != "any" and env.get("MPITRAIN_RESTART_COUNT", "0") != launch:
         return False
     if "FAULT_HOST" in env:
-        return env.get("PMI_HOSTNAME") == env["FAULT_HOST"]
+        host = env.get("PMI_HOSTNAME") or env.get("SLURMD_NODENAME")
+        return host == env["FAULT_HOST"]
     rank = env.get("FAULT_RANK", "0")
     return rank == "all" or trainer.rank == int(rank)
 
@@ -61,7 +66,7 @@ def main():
                 os.kill(os.getpid(), signal.SIGTERM)
             elif fault == "int":
                 os.kill(os.getpid(), signal.SIGINT)
-            elif fault == "stall":
+            elif fault in ("stall", "slow"):
                 time.sleep(float(os.environ.get("FAULT_SLEEP_S", "120")))
             elif fault == "raise":
                 raise RuntimeError(f"injected fault at step {self.step}")

@@ -63,7 +63,7 @@ def _ip(*args, check=True):
     return p
 
 
-def _alive(pid):
+def alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -78,12 +78,12 @@ def sweep():
     own = re.compile(rf"^{PREFIX}(\d+)")
     for name in _ip("netns", "list", check=False).stdout.split():
         m = own.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             _ip("netns", "del", name, check=False)
     links = json.loads(_ip("-j", "link", "show", "type", "bridge", check=False).stdout or "[]")
     for link in links:
         m = own.match(link.get("ifname", ""))
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             _ip("link", "del", link["ifname"], check=False)
 
 

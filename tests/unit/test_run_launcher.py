@@ -62,7 +62,7 @@ def test_openmpi_command_exports_every_variable():
 def test_slurm_command():
     assert engines.command("slurm", 8, [("n1", 4), ("n2", 4)], ["p"], ["--mpi=pmi2"]) == [
         "srun", "--ntasks", "8", "--nodes", "2", "--nodelist", "n1,n2", "--distribution",
-        "block", "--export", "ALL", "--kill-on-bad-exit", "1", "--mpi=pmi2", "p"]
+        "block", "--export", "ALL", "--kill-on-bad-exit=1", "--mpi=pmi2", "p"]
     assert engines.command("slurm", 2, None, ["p"])[:3] == ["srun", "--ntasks", "2"]
 
 
