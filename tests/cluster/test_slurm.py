@@ -1,6 +1,6 @@
 """Slurm for real on the namespace hosts (tests/support/slurm_hosts.py): docs/launching.md's
-sbatch script, run as a user runs it, through a whole run, a preemption, a time limit, a dead
-task and a drained node. Every run ends on the bytes of an uninterrupted one (--deterministic
+sbatch script, run as a user runs it, through a whole run, preemptions (of the batch shell,
+of every task), a dead task and a drained node. Every run ends on the bytes of an uninterrupted one (--deterministic
 at one global batch; tests/support/faults.py stalls or kills at exact steps)."""
 import os
 import re
@@ -105,21 +105,6 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes(slurm, tmp_path, u
     assert fields["Restarts"] == "1", out[-3000:]
     assert re.search(r"mpitrain: preempted \(SIG(TERM|USR1)\) after step 7", out), out[-3000:]
     assert "resumed from ck/ckpt-00000007.npz at step 7" in out, out[-3000:]
-    assert_bitwise(uninterrupted, load_npz(tmp_path / "out.npz"))
-
-
-@pytest.mark.timeout(LIMIT_S + 60)
-def test_the_time_limit_warning_signal_b_term(slurm, tmp_path, uninterrupted):
-    """--time=1 --signal=B:TERM@50: Slurm signals the batch shell 10 to 40 s into the run
-    (its controller looks every 30 s) while the first run crawls (3 s a step: it would need
-    longer than the limit); the requeued run goes at full speed and finishes."""
-    slow = dict(FAULT="slow", FAULT_RANK="all", FAULT_STEP="2", FAULT_SLEEP_S="3")
-    job = submit(slurm, tmp_path, "--time=1", "--signal=B:TERM@50", env=slow)
-    fields = finished(slurm, job, tmp_path, timeout_s=LIMIT_S)
-    out = output(tmp_path)
-    assert int(fields["Restarts"]) >= 1, out[-3000:]
-    assert "mpitrain: preempted (SIGUSR1)" in out, out[-3000:]
-    assert "mpitrain: relaunch 1 (mpitrainrun): resuming from the newest checkpoint" in out
     assert_bitwise(uninterrupted, load_npz(tmp_path / "out.npz"))
 
 
