@@ -1,7 +1,8 @@
 """Slurm for real on the namespace hosts (tests/support/slurm_hosts.py): docs/launching.md's
 sbatch script, run as a user runs it, through a whole run, preemptions (of the batch shell,
-of every task), a dead task and a drained node. Every run ends on the bytes of an uninterrupted one (--deterministic
-at one global batch; tests/support/faults.py stalls or kills at exact steps)."""
+of every task), a dead task and a drained node. Every run ends on the bytes of an
+uninterrupted one (--deterministic at one global batch; tests/support/faults.py stalls or
+kills at exact steps)."""
 import os
 import re
 import sys
