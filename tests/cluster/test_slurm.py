@@ -1,8 +1,8 @@
 """Slurm for real on the namespace hosts (tests/support/slurm_hosts.py): docs/launching.md's
 sbatch script, run as a user runs it, through a whole run, preemptions (of the batch shell,
-of every task), a dead task and a drained node. Every run ends on the bytes of an
-uninterrupted one (--deterministic at one global batch; tests/support/faults.py stalls or
-kills at exact steps)."""
+of every task, by the time limit's warning), a dead task and a drained node. Every run ends
+on the bytes of an uninterrupted one (--deterministic at one global batch;
+tests/support/faults.py stalls or kills at exact steps)."""
 import os
 import re
 import sys
@@ -20,6 +20,7 @@ BASE = ["--dataset", "synthetic", "--synthetic-samples", "128", "--hidden", "16"
         "--global-batch-size", "16", "--steps", "24"]
 ARGS = [*BASE, "--checkpoint-every", "4", "--save", "out.npz"]
 LIMIT_S = 240
+SETTLE_S = 20
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -66,8 +67,19 @@ def output(cwd):
 
 
 def finished(slurm, job, cwd, timeout_s=LIMIT_S):
-    """Wait for the job's last run to end; its fields, asserted COMPLETED with exit 0."""
-    fields = slurm.wait(job, lambda f: f["JobState"] in DONE, timeout_s)
+    """Wait for the job's last run to end; its fields, asserted COMPLETED with exit 0. A run
+    that requeues itself can show an ended state while Slurm requeues it: an end other than
+    COMPLETED counts once it has held SETTLE_S."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        fields = slurm.wait(job, lambda f: f["JobState"] in DONE, left)
+        if fields["JobState"] == "COMPLETED" or time.monotonic() > deadline:
+            break
+        time.sleep(SETTLE_S)
+        again = slurm.job(job)
+        if (again["JobState"], again["Restarts"]) == (fields["JobState"], fields["Restarts"]):
+            break
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (
         f"{fields['JobState']} {fields['ExitCode']}\n{output(cwd)[-4000:]}")
     return fields
@@ -90,7 +102,7 @@ def test_the_page_script_trains_on_the_allocation(slurm, tmp_path, uninterrupted
     assert_bitwise(uninterrupted, load_npz(tmp_path / "out.npz"))
 
 
-# Stalled for 20 s after step 6 on the first run only: the signal comes during the stall.
+# Stalled for 20 s after step 6 on the first run only: the signal comes before the stall ends.
 STALL = dict(FAULT="stall", FAULT_RANK="all", FAULT_STEP="6", FAULT_SLEEP_S="20")
 
 
@@ -104,8 +116,28 @@ def test_scancel_signal_term_checkpoints_requeues_and_resumes(slurm, tmp_path, u
     fields = finished(slurm, job, tmp_path)
     out = output(tmp_path)
     assert fields["Restarts"] == "1", out[-3000:]
-    assert re.search(r"mpitrain: preempted \(SIG(TERM|USR1)\) after step 7", out), out[-3000:]
-    assert "resumed from ck/ckpt-00000007.npz at step 7" in out, out[-3000:]
+    # the signal comes at step 5 to 7 (the first checkpoint is of step 4; the stall is before
+    # step 7), and every rank stops after the same step
+    m = re.search(r"mpitrain: preempted \(SIG(TERM|USR1)\) after step (\d+)", out)
+    assert m and 5 <= int(m.group(2)) <= 7, out[-3000:]
+    step = int(m.group(2))
+    assert f"resumed from ck/ckpt-{step:08d}.npz at step {step}" in out, out[-3000:]
+    assert_bitwise(uninterrupted, load_npz(tmp_path / "out.npz"))
+
+
+@pytest.mark.timeout(LIMIT_S + 180)
+def test_the_time_limit_warning_signal_b_term(slurm, tmp_path, uninterrupted):
+    """--time=3 --signal=B:TERM@120: Slurm signals the batch shell 30 to 60 s into the run
+    (its controller looks every 30 s, and signals when the warning time falls before its next
+    look) while the first run crawls (4 s a step: it would need 90 s), long before the limit;
+    the requeued run goes at full speed and is done before its own warning could come."""
+    slow = dict(FAULT="slow", FAULT_RANK="all", FAULT_STEP="2", FAULT_SLEEP_S="4")
+    job = submit(slurm, tmp_path, "--time=3", "--signal=B:TERM@120", env=slow)
+    fields = finished(slurm, job, tmp_path, timeout_s=LIMIT_S + 120)
+    out = output(tmp_path)
+    assert int(fields["Restarts"]) >= 1, out[-3000:]
+    assert "mpitrain: preempted (SIGUSR1)" in out, out[-3000:]
+    assert "mpitrain: relaunch 1 (mpitrainrun): resuming from the newest checkpoint" in out
     assert_bitwise(uninterrupted, load_npz(tmp_path / "out.npz"))
 
 
