@@ -27,7 +27,6 @@ from pathlib import Path
 from tests.support import netns_hosts
 
 PREFIX = "mts"
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "slurmstepd")
 START_TIMEOUT_S = 60
 CONF = """\
 ClusterName=mpitrain
@@ -78,20 +77,28 @@ def unavailable():
     return netns_hosts.unavailable()
 
 
-def sweep():
-    """Stop the daemons of clusters whose creating process is gone (their folder in argv)."""
-    own = re.compile(rf"/{PREFIX}(\d+)-")
+def _kill_where(matches):
+    """SIGKILL every process whose command line ``matches(text)`` holds for."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        m = own.search(argv)
-        if m and not netns_hosts.alive(int(m.group(1))):
+        if matches(argv):
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def sweep():
+    """Stop the daemons of clusters whose creating process is gone (their folder in argv)."""
+    own = re.compile(rf"/{PREFIX}(\d+)-")
+
+    def orphaned(argv):
+        m = own.search(argv)
+        return bool(m) and not netns_hosts.alive(int(m.group(1)))
+    _kill_where(orphaned)
 
 
 class SlurmCluster:
@@ -143,8 +150,7 @@ class SlurmCluster:
 
     def env(self, **extra):
         """The environment of a Slurm client in the root namespace (the test)."""
-        env = dict(os.environ, SLURM_CONF=str(self.conf), **extra)
-        return env
+        return dict(os.environ, SLURM_CONF=str(self.conf), **extra)
 
     def logs(self, tail=20):
         """The last lines of every daemon's log, for a failure message."""
@@ -215,23 +221,8 @@ class SlurmCluster:
         """Stop every daemon and job of this cluster and remove its folder (idempotent)."""
         if (self.dir / "slurmctld.pid").exists():
             self.command("scancel", "--user", "root", "--full", check=False, timeout_s=20)
-        for name in ("slurmctld.pid", *(f"slurmd-{h}.pid" for h in self.cluster.names),
-                     "munged.pid"):
-            try:
-                os.kill(int((self.dir / name).read_text().strip()), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-        own = str(self.dir)
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if own in argv:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        own = str(self.dir)                 # in every daemon's command line
+        _kill_where(lambda argv: own in argv)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):
